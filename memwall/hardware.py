@@ -1,0 +1,240 @@
+"""Accelerators as the roofline sees them: memory bandwidth, dense peak FLOP/s, memory size.
+
+`CATALOG` holds datasheet numbers; `measure()` gets the same two numbers for the machine you
+are on, with microbenchmarks (the roofline model: Williams, Waterman & Patterson, 2009).
+
+Datasheets often quote tensor-core rates "with sparsity" (2:4 structured sparsity), twice the
+dense rate: NVIDIA's 1,979 TFLOP/s bf16 for the H100 SXM is 989 dense. Inference on ordinary
+weights gets the dense rate, so every number here is dense.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+# Names used for peak_flops keys and everywhere a compute dtype is named.
+FLOP_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator (or CPU): bytes/s from memory, dense FLOP/s per dtype, bytes of memory."""
+
+    name: str
+    memory_bandwidth: float  # bytes/s
+    peak_flops: dict[str, float]  # dense FLOP/s by dtype name
+    memory_bytes: float
+    note: str = ""
+
+    def __post_init__(self):
+        if not self.memory_bandwidth > 0:
+            raise ValueError(f"{self.name}: memory_bandwidth must be positive, got {self.memory_bandwidth!r}.")
+        if not self.memory_bytes > 0:
+            raise ValueError(f"{self.name}: memory_bytes must be positive, got {self.memory_bytes!r}.")
+        if not self.peak_flops:
+            raise ValueError(f"{self.name}: peak_flops needs at least one dtype.")
+        for dtype, rate in self.peak_flops.items():
+            if dtype not in FLOP_DTYPES:
+                raise ValueError(f"{self.name}: unknown dtype {dtype!r} in peak_flops; "
+                                 f"choose from {', '.join(FLOP_DTYPES)}.")
+            if not rate > 0:
+                raise ValueError(f"{self.name}: peak_flops[{dtype!r}] must be positive, got {rate!r}.")
+
+    def flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for `dtype`."""
+        if dtype not in self.peak_flops:
+            raise ValueError(f"{self.name} has no peak FLOP/s for {dtype!r}; "
+                             f"choose from {', '.join(self.peak_flops)}.")
+        return self.peak_flops[dtype]
+
+    def ridge_point(self, dtype: str) -> float:
+        """FLOPs per byte at which this chip stops being memory-bound and becomes compute-bound."""
+        return self.flops(dtype) / self.memory_bandwidth
+
+
+def _nvidia(name, bandwidth, fp32, tensor_16bit, int8, memory, note, fp8=None) -> Hardware:
+    flops = {"fp32": fp32, "fp16": tensor_16bit, "bf16": tensor_16bit, "int8": int8}
+    if fp8:
+        flops["fp8"] = fp8
+    return Hardware(name, bandwidth, flops, memory, note)
+
+
+# fp32 is the plain (non-tensor-core) rate: TF32 tensor cores are faster but round inputs to 10 bits,
+# so they are a different dtype, not "fp32". Memory sizes are the decimal GB of the datasheet.
+CATALOG: dict[str, Hardware] = {hw.name: hw for hw in (
+    _nvidia("h100-sxm", 3.35e12, 67e12, 989e12, 1979e12, 80 * GB, fp8=1979e12,
+            note="NVIDIA H100 SXM5 80GB datasheet; dense rates (the datasheet's 1,979 bf16 is with sparsity)"),
+    _nvidia("h200", 4.8e12, 67e12, 989e12, 1979e12, 141 * GB, fp8=1979e12,
+            note="NVIDIA H200 SXM 141GB datasheet; same compute as H100 SXM, more and faster HBM3e"),
+    _nvidia("a100-80gb", 2.039e12, 19.5e12, 312e12, 624e12, 80 * GB,
+            note="NVIDIA A100 80GB SXM datasheet; dense rates"),
+    _nvidia("a100-40gb", 1.555e12, 19.5e12, 312e12, 624e12, 40 * GB,
+            note="NVIDIA A100 40GB datasheet; dense rates"),
+    _nvidia("l4", 300e9, 30.3e12, 121e12, 242e12, 24 * GB, fp8=242e12,
+            note="NVIDIA L4 datasheet; dense rates are half the quoted sparse 242/485 TFLOP/s"),
+    Hardware("t4", 320e9, {"fp32": 8.1e12, "fp16": 65e12, "int8": 130e12}, 16 * GB,
+             note="NVIDIA T4 datasheet (Turing: no bf16)"),
+    Hardware("apple-m2-max", 400e9, {"fp32": 13.6e12, "fp16": 13.6e12}, 96 * GB,
+             note="Apple M2 Max, 38-core GPU, 96 GB unified memory; its GPU runs fp16 at the fp32 rate"),
+    Hardware("laptop-100gbs", 100e9, {"fp32": 1e12, "fp16": 2e12, "bf16": 2e12}, 16 * GB,
+             note="a round-number laptop for the worked examples, not a real product"),
+)}
+
+# A pseudo-name that get_hardware() answers by measuring the current machine.
+MEASURED_NAME = "this"
+
+
+def get_hardware(name_or_hardware: str | Hardware) -> Hardware:
+    """A catalog entry by (case-insensitive) name, or "this" to measure the current device."""
+    if isinstance(name_or_hardware, Hardware):
+        return name_or_hardware
+    key = str(name_or_hardware).strip().lower()
+    if key == MEASURED_NAME:
+        return measure().as_hardware()
+    if key not in CATALOG:
+        raise ValueError(f"Unknown hardware {name_or_hardware!r}; "
+                         f"choose from {', '.join((*CATALOG, MEASURED_NAME))}.")
+    return CATALOG[key]
+
+
+# ---- measuring the current machine -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measurement:
+    """What `measure()` found. Bandwidths are bytes/s, FLOP rates FLOP/s."""
+
+    device: str  # e.g. "AMD EPYC" or "NVIDIA H100 80GB HBM3"
+    device_type: str  # "cpu", "cuda", ...
+    torch_version: str
+    threads: int
+    bandwidth: float  # the faster of read-only and copy streaming: the roofline's memory slope
+    read_bandwidth: float  # torch.sum: bytes read / time
+    copy_bandwidth: float  # tensor.copy_: (bytes read + bytes written) / time
+    flops: dict[str, float] = field(default_factory=dict)
+    memory_bytes: float = 0.0
+    working_set_bytes: int = 0
+
+    def as_hardware(self) -> Hardware:
+        return Hardware(name=f"this-{self.device_type}", memory_bandwidth=self.bandwidth,
+                        peak_flops=dict(self.flops), memory_bytes=self.memory_bytes or 1.0,
+                        note=f"measured by memwall.measure() on {self.device}, torch {self.torch_version}, "
+                             f"{self.threads} threads")
+
+
+def _best_seconds(fn, synchronize, repeats: int, warmup: int = 1) -> float:
+    """Fastest of `repeats` timed calls.
+
+    The best, not the median: the roofline is a ceiling, and on a shared machine noise only ever
+    slows a run down, so the fastest repeat is the closest estimate of what the hardware can do.
+    (bench reports medians, because there we want what a user typically gets.)
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or device.type
+
+
+def _memory_bytes(device) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(device_str: str, quick: bool) -> Measurement:
+    import torch
+
+    device = torch.device(device_str)
+    on_cpu = device.type == "cpu"
+    if device.type == "cuda":
+        synchronize = functools.partial(torch.cuda.synchronize, device)
+    elif hasattr(torch, device.type) and hasattr(getattr(torch, device.type), "synchronize"):
+        synchronize = getattr(torch, device.type).synchronize  # e.g. torch.mps
+    else:
+        synchronize = lambda: None  # noqa: E731 - CPU ops are synchronous
+
+    # Working set far above the last-level cache (260 MiB L3 on the course machine; ~50 MiB L2 on
+    # an H100), or we would be timing the cache instead of DRAM/HBM.
+    working_set = (512 if quick else 1024) * 2**20
+    source = torch.ones(working_set // 4, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    # On a GPU one pass takes well under a millisecond, so time several passes per sample.
+    passes = 1 if on_cpu else 10
+    repeats = 3 if quick else 5
+
+    def read_all():
+        for _ in range(passes):
+            source.sum()
+
+    def copy_all():
+        for _ in range(passes):
+            target.copy_(source)
+
+    read_bw = passes * working_set / _best_seconds(read_all, synchronize, repeats)
+    copy_bw = passes * 2 * working_set / _best_seconds(copy_all, synchronize, repeats)
+    del source, target
+
+    # A square matmul of side n does 2 n^3 FLOPs on 3 n^2 elements: compute-bound for large n.
+    n = (1024 if quick else 2048) if on_cpu else (4096 if quick else 8192)
+    # CPUs without native 16-bit math are slow at it (and not what decode uses there), so only fp32.
+    dtypes = {"fp32": torch.float32} if on_cpu else {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                                      "fp16": torch.float16}
+    flops = {}
+    for name, dtype in dtypes.items():
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        flops[name] = passes * 2 * n**3 / _best_seconds(
+            lambda: [a @ b for _ in range(passes)], synchronize, repeats=2 if quick else 3)
+        del a, b
+
+    return Measurement(device=_device_name(device), device_type=device.type,
+                       torch_version=torch.__version__, threads=torch.get_num_threads(),
+                       bandwidth=max(read_bw, copy_bw), read_bandwidth=read_bw, copy_bandwidth=copy_bw,
+                       flops=flops, memory_bytes=_memory_bytes(device), working_set_bytes=working_set)
+
+
+def measure(device=None, quick: bool = False) -> Measurement:
+    """Measure memory bandwidth and matmul FLOP/s on `device` (default: CUDA if present, else CPU).
+
+    Results are cached for the process, so chapters can call this freely. `quick` uses a smaller
+    (still larger-than-cache) working set and matmul, for tests.
+    """
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _measure(str(device), bool(quick))
