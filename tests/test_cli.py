@@ -1,0 +1,138 @@
+"""The memwall command: info, calc, errors, and the plugin hook other commands use."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memwall import cli, cost
+
+CALC = ["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--dtype", "bf16",
+        "--context", "8192", "--batch", "16"]
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_calc_json_matches_the_cost_model(capsys):
+    code, out, err = run(capsys, *CALC, "--json")
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    assert result == json.loads(json.dumps(cost.calc("llama-3-8b", "h100-sxm", "bf16", 8192, 16)))
+    assert result["weight_bytes"] == pytest.approx(16.06e9, rel=1e-3)
+    assert result["kv_bytes_per_token"] == 128 * 1024
+    assert result["kv_bytes_total"] == 16 * 2**30
+    assert result["fits"] is True and result["max_users"] == 59
+    assert result["step_time_s"] == pytest.approx(result["bytes_per_step"] / 3.35e12)
+
+
+def test_calc_options_reach_the_cost_model(capsys):
+    code, out, _ = run(capsys, "calc", "--model", "llama-3-8b", "--hardware", "l4", "--dtype", "int4",
+                       "--kv-dtype", "int8", "--kv-heads", "1", "--context", "100", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert (result["dtype"], result["kv_dtype"], result["n_kv_heads"]) == ("int4", "int8", 1)
+    assert result["kv_bytes_per_token"] == 2 * 32 * 1 * 128 * 1
+    assert result == json.loads(json.dumps(cost.calc("llama-3-8b", "l4", "int4", 100, 1, "int8", 1)))
+
+
+def test_calc_table_is_readable(capsys):
+    code, out, _ = run(capsys, *CALC)
+    assert code == 0
+    assert "16.06 GB (14.96 GiB)" in out  # weights
+    assert "128 KiB" in out  # KV per token
+    assert "16 GiB" in out  # KV for the batch
+    assert "9.95 ms" in out and "1,608.6 in total" in out
+    assert "fits" in out and "NOT" not in out
+    assert "ridge point 295" in out
+
+
+def test_calc_says_when_weights_do_not_fit(capsys):
+    code, out, _ = run(capsys, "calc", "--model", "llama-3-70b", "--hardware", "l4")
+    assert code == 0 and "does NOT fit" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calc", "--model", "llama-9", "--hardware", "h100-sxm"], "llama-3-8b"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "tpu"], "h100-sxm"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "9000"], "8192"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "-5"], "context"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--batch", "0"], "batch"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--dtype", "fp64"], "bf16"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--kv-heads", "3"], "multiple"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "lots"], "invalid int"),
+    (["calc", "--model", "llama-3-8b"], "--hardware"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    code, _, err = run(capsys)
+    assert code == 2 and "info" in err and "calc" in err
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "calc" in out
+
+
+def test_info_json(capsys):
+    code, out, _ = run(capsys, "info", "--quick", "--json")
+    assert code == 0
+    result = json.loads(out)
+    for key in ("device", "device_type", "torch_version", "threads", "bandwidth", "flops"):
+        assert key in result
+    assert result["bandwidth"] > 1e9 and result["flops"]["fp32"] > 1e9
+    assert result["ridge_point"]["fp32"] == pytest.approx(result["flops"]["fp32"] / result["bandwidth"])
+
+
+def test_info_table(capsys):
+    code, out, _ = run(capsys, "info", "--quick")
+    assert code == 0
+    assert "bandwidth" in out and "GB/s" in out and "FLOP/s" in out and "threads" in out
+
+
+def test_calc_on_this_machine(capsys):
+    code, out, _ = run(capsys, "calc", "--model", "smollm2-135m", "--hardware", "this", "--quick",
+                       "--dtype", "fp32", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["hardware"].startswith("this-") and result["weight_bytes"] == 538_060_032
+
+
+def test_plugin_commands_register_themselves(capsys, monkeypatch, tmp_path):
+    (tmp_path / "memwall_test_plugin.py").write_text(textwrap.dedent("""
+        def register_cli(subparsers):
+            parser = subparsers.add_parser("hello", help="say hello")
+            parser.add_argument("--name", default="world")
+            parser.set_defaults(run=lambda args: print("hello", args.name))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "PLUGIN_COMMANDS", {"hello": "memwall_test_plugin",
+                                                 "later": "memwall_not_written_yet"})
+    assert run(capsys, "hello", "--name", "memwall")[:2] == (0, "hello memwall\n")
+    assert "say hello" in run(capsys, "--help")[1]
+    assert run(capsys, *CALC, "--json")[0] == 0  # a missing plugin module breaks nothing
+
+
+def test_console_script():
+    script = Path(sys.executable).with_name("memwall")
+    if not script.exists():
+        pytest.skip("memwall console script not installed next to this Python")
+    done = subprocess.run([str(script), *CALC, "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["max_users"] == 59
+    bad = subprocess.run([str(script), "calc", "--model", "nope", "--hardware", "h100-sxm"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("memwall: error:") and "Traceback" not in bad.stderr
