@@ -212,11 +212,16 @@ def _measure(device_str: str, quick: bool) -> Measurement:
                                                       "fp16": torch.float16}
     flops = {}
     for name, dtype in dtypes.items():
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        flops[name] = passes * 2 * n**3 / _best_seconds(
-            lambda: [a @ b for _ in range(passes)], synchronize, repeats=2 if quick else 3)
-        del a, b
+        try:
+            a = torch.randn(n, n, device=device).to(dtype)
+            b = torch.randn(n, n, device=device).to(dtype)
+            flops[name] = passes * 2 * n**3 / _best_seconds(
+                lambda: [a @ b for _ in range(passes)], synchronize, repeats=2 if quick else 3)
+        except (RuntimeError, TypeError):  # a dtype this device cannot multiply (e.g. bf16 on old MPS)
+            if name == "fp32":
+                raise
+        finally:
+            a = b = None  # free the operands before the next dtype
 
     return Measurement(device=_device_name(device), device_type=device.type,
                        torch_version=torch.__version__, threads=torch.get_num_threads(),
