@@ -21,6 +21,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # skip the casts: each op costs several microseconds in decode
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         # Normalise in fp32 even for bf16 activations, as the reference implementation does.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -61,12 +63,9 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, cache, layer: int, mask=None):
         batch, tokens, _ = x.shape
-        q, k, v = self.qkv(x).split(
-            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim], dim=-1)
-        q = q.view(batch, tokens, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, tokens, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(batch, tokens, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, *rope), rotate(k, *rope)
+        heads = self.qkv(x).view(batch, tokens, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
+        qk, v = heads.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k = rotate(qk, *rope).split([self.n_heads, self.n_kv_heads], dim=1)  # one rotation for q and k
         if cache is not None:
             k, v = cache.update(layer, k, v)  # all cached keys/values so far, this step's included
         y = attend(q, k, v, mask)
@@ -79,7 +78,15 @@ def attend(q, k, v, mask=None):
     mask: None means "every query sees every key" (a decode step); otherwise a boolean
     [tokens, keys] or [batch, 1, tokens, keys] tensor that is True where attention is allowed.
     """
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    batch, heads, tokens, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if mask is None and tokens == 1:
+        # Decode: group the query heads that share a KV head, so each K/V head is read once
+        # (no copies), and skip the fused kernel, whose fixed cost is large for one query.
+        q = q.view(batch, kv_heads, heads // kv_heads, head_dim)
+        weights = torch.softmax((q @ k.transpose(-1, -2)) * head_dim ** -0.5, dim=-1)
+        return (weights @ v).view(batch, heads, 1, head_dim)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
 
 
 class SwiGLU(nn.Module):
