@@ -1,0 +1,133 @@
+"""memwall's engine against the transformers reference: logits, greedy tokens, cache, sampling."""
+
+import inspect
+
+import pytest
+import torch
+
+from memwall.engine import KVCache, Sampling, Transformer, decode_step, generate, prefill, probabilities
+
+TOLERANCE = 1e-4  # max abs difference of fp32 logits
+
+
+def hf_step(hf, tokens, cache):
+    """One transformers forward that extends `cache` (its keyword changed name across versions)."""
+    key = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+    return hf(tokens, use_cache=True, **{key: cache}).logits[:, -1]
+
+
+def assert_logits_match(hf, engine, prompt, steps=16):
+    from transformers import DynamicCache
+
+    ref_cache, cache = DynamicCache(), engine.new_cache(max_tokens=prompt.shape[1] + steps + 1)
+    with torch.inference_mode():
+        ours = prefill(engine, prompt, cache)
+        ref = hf_step(hf, prompt, ref_cache)
+        worst = (ours - ref).abs().max().item()
+        for _ in range(steps):
+            token = ref.argmax(-1)
+            ours, ref = decode_step(engine, token, cache), hf_step(hf, token[:, None], ref_cache)
+            worst = max(worst, (ours - ref).abs().max().item())
+    assert worst < TOLERANCE, f"max |logit difference| {worst:.2e} over prefill + {steps} steps"
+    return worst
+
+
+def hf_greedy(hf, prompt, new_tokens):
+    """transformers' greedy generate, never stopping early (no end-of-sequence token)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    # An explicit mask: otherwise a prompt token equal to pad_token_id would be masked out.
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def test_tiny_logits_match_transformers(tiny_hf, tiny_engine):
+    prompt = torch.randint(0, 256, (1, 11), generator=torch.Generator().manual_seed(1))
+    assert_logits_match(tiny_hf, tiny_engine, prompt)
+
+
+def test_tiny_full_sequence_logits_match(tiny_hf, tiny_engine):
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        assert (tiny_engine(tokens) - tiny_hf(tokens).logits).abs().max() < TOLERANCE
+
+
+def test_tiny_greedy_tokens_match_generate(tiny_hf, tiny_engine):
+    prompt = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(3))
+    assert generate(tiny_engine, prompt[0], 64).tokens == hf_greedy(tiny_hf, prompt, 64)
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers(smollm2, smollm2_engine):
+    hf, tokenizer = smollm2
+    prompt = tokenizer("The memory wall is the gap between", return_tensors="pt").input_ids
+    assert_logits_match(hf, smollm2_engine, prompt, steps=16)
+
+
+@pytest.mark.slow
+def test_smollm2_64_greedy_tokens_match_generate(smollm2, smollm2_engine):
+    hf, tokenizer = smollm2
+    prompt = tokenizer("Once upon a time, in a small village by the sea,", return_tensors="pt").input_ids
+    assert generate(smollm2_engine, prompt[0], 64).tokens == hf_greedy(hf, prompt, 64)
+
+
+def test_cache_size_matches_formula(tiny_engine):
+    cache = tiny_engine.new_cache(batch=2, max_tokens=50)
+    per_token = 2 * 3 * 2 * 16 * 4  # 2 (K and V) x layers x kv_heads x head_dim x fp32 bytes
+    assert cache.nbytes == per_token * 2 * 50
+
+
+def test_cache_overflow_and_rollback_errors_are_clear(tiny_engine):
+    cache = tiny_engine.new_cache(max_tokens=4)
+    with torch.inference_mode(), pytest.raises(ValueError, match="KV cache is full"):
+        tiny_engine(torch.zeros(1, 5, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="roll back"):
+        cache.rollback(3)
+    with pytest.raises(ValueError):
+        KVCache(1, 1, 0, 1, 1)
+
+
+def test_rollback_then_redo_gives_same_logits(tiny_engine):
+    cache = tiny_engine.new_cache(max_tokens=32)
+    prompt = torch.arange(10)[None]
+    with torch.inference_mode():
+        prefill(tiny_engine, prompt, cache)
+        first = decode_step(tiny_engine, torch.tensor([5]), cache)
+        decode_step(tiny_engine, torch.tensor([6]), cache)
+        cache.rollback(10)
+        again = decode_step(tiny_engine, torch.tensor([5]), cache)
+    assert torch.equal(first, again)
+
+
+def test_generate_rejects_bad_input(tiny_engine):
+    with pytest.raises(ValueError, match="empty"):
+        generate(tiny_engine, [], 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(tiny_engine, [1, 2], 0)
+    with pytest.raises(ValueError, match="context"):
+        generate(tiny_engine, [1, 2], 1000)
+
+
+def test_seeded_sampling_is_reproducible(tiny_engine):
+    sampling = Sampling(temperature=0.8, top_p=0.9, seed=123)
+    a = generate(tiny_engine, [1, 2, 3], 20, sampling).tokens
+    b = generate(tiny_engine, [1, 2, 3], 20, sampling).tokens
+    assert a == b
+
+
+def test_top_p_keeps_smallest_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    probs = probabilities(logits, Sampling(temperature=1.0, top_p=0.7))
+    assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    with pytest.raises(ValueError):
+        Sampling(top_p=0)
+
+
+def test_linear_layouts_agree():
+    from memwall.engine.linear import Linear
+
+    weight, x = torch.randn(48, 32), torch.randn(3, 5, 32)
+    split, plain = Linear(32, 48, splits=4).set_weight(weight), Linear(32, 48, splits=1).set_weight(weight)
+    assert torch.allclose(split(x), plain(x), atol=1e-5)
+    assert torch.equal(split.weight, weight)
