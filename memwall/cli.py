@@ -32,6 +32,7 @@ PLUGIN_COMMANDS = {
     "generate": "memwall.generate",
     "grade": "memwall.grading",
     "exercises": "memwall.grading",
+    "serve": "memwall.serving.cli",
 }
 
 EXIT_USAGE = 2
