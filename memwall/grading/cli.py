@@ -1,0 +1,94 @@
+"""`memwall exercises` and `memwall grade`, plugged into the `memwall` command by register_cli."""
+
+import json
+import sys
+from pathlib import Path
+
+from memwall.grading.grader import DEFAULT_CELL_TIMEOUT, DEFAULT_NOTEBOOK_TIMEOUT
+
+EXIT_PROBLEMS = 1
+
+
+def register_cli(subparsers):
+    exercises = subparsers.add_parser(
+        "exercises",
+        help="regenerate exercises/ from solutions/ (or --check that they agree)",
+        description="Write the student copy of every solutions/*.ipynb into exercises/.",
+    )
+    exercises.add_argument("--check", action="store_true", help="change nothing; exit 1 if out of sync")
+    exercises.add_argument("--solutions", default="solutions", help="folder of solution notebooks")
+    exercises.add_argument("--exercises", default="exercises", help="folder of student copies")
+    exercises.add_argument("--json", action="store_true", help="print the result as JSON")
+    exercises.set_defaults(run=run_exercises)
+
+    grade = subparsers.add_parser(
+        "grade",
+        help="grade a folder of submitted notebooks into a CSV",
+        description=(
+            "Grade <student>__NN_slug.ipynb (or <student>/NN_slug.ipynb) files against "
+            "solutions/NN_slug.ipynb: one CSV row per notebook, one feedback file each."
+        ),
+    )
+    grade.add_argument("submissions", metavar="SUBMISSIONS_DIR", help="folder of submitted notebooks")
+    grade.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
+    grade.add_argument("--feedback", metavar="DIR", default=None, help="write one feedback .txt per notebook here")
+    grade.add_argument("--timeout", type=float, default=DEFAULT_NOTEBOOK_TIMEOUT, metavar="SECONDS",
+                       help=f"wall-clock limit per notebook (default {DEFAULT_NOTEBOOK_TIMEOUT})")
+    grade.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT, metavar="SECONDS",
+                       help=f"limit per cell (default {DEFAULT_CELL_TIMEOUT})")
+    grade.add_argument("--jobs", type=int, default=1, metavar="N", help="notebooks graded in parallel")
+    grade.add_argument("--solutions", default="solutions", metavar="DIR", help="folder of solution notebooks")
+    grade.add_argument("--json", action="store_true", help="print the rows as JSON instead of a summary")
+    grade.set_defaults(run=run_grade)
+
+
+def run_exercises(args) -> int:
+    from memwall.grading.sync import notebooks_in, read_notebook, sync_exercises
+    from memwall.grading.validate import validate_solution
+
+    problems = {
+        str(path): validate_solution(read_notebook(path)) for path in notebooks_in(Path(args.solutions))
+    }
+    problems = {path: found for path, found in problems.items() if found}
+    out_of_sync = sync_exercises(args.solutions, args.exercises, check=args.check)
+    if args.json:
+        print(json.dumps({"out_of_sync": out_of_sync, "format_problems": problems, "written": not args.check}, indent=2))
+    else:
+        verb = "out of sync" if args.check else "regenerated"
+        for line in out_of_sync:
+            print(f"{verb}: {line}")
+        for path, found in problems.items():
+            for problem in found:
+                print(f"{path}: {problem}", file=sys.stderr)
+        if not out_of_sync and not problems:
+            print(f"{args.exercises}/ is in sync with {args.solutions}/")
+    failed = bool(problems) or (args.check and bool(out_of_sync))
+    return EXIT_PROBLEMS if failed else 0
+
+
+def run_grade(args) -> int:
+    from memwall.grading.grader import grade
+
+    if not Path(args.submissions).is_dir():
+        raise ValueError(f"no submissions folder {args.submissions!r}")
+    if not Path(args.solutions).is_dir():
+        raise ValueError(f"no solutions folder {args.solutions!r} (use --solutions DIR)")
+    rows = grade(
+        args.submissions, args.out, feedback_dir=args.feedback, timeout=args.timeout,
+        cell_timeout=args.cell_timeout, jobs=args.jobs, solutions_dir=args.solutions, progress=not args.json,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps([row_as_dict(row) for row in rows], indent=2))
+    return 0
+
+
+def row_as_dict(row) -> dict:
+    return {
+        "student": row.student,
+        "notebook": row.notebook,
+        "points": {result.name: result.earned for result in row.checks},
+        "messages": {result.name: result.message for result in row.checks},
+        "total": row.total,
+        "max": row.max_points,
+        "status": row.status,
+    }

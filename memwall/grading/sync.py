@@ -1,0 +1,63 @@
+"""Keep exercises/ in step with solutions/: `memwall exercises [--check]`.
+
+exercises/ is generated, never edited by hand, so "in sync" means: regenerating every student
+copy from its solution changes nothing that matters (cell ids, types, sources and metadata, and
+the notebook's memwall metadata). Outputs and formatting do not count.
+"""
+
+from pathlib import Path
+
+import nbformat
+
+from memwall.grading.cells import METADATA_KEY
+from memwall.grading.student_copy import cell_source, make_student_copy
+
+
+def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=False) -> list:
+    """Regenerate exercises/ (or, with ``check=True``, only compare).
+
+    Returns the notebooks that were out of sync, as sentences; with ``check=False`` they have
+    been rewritten (and stale generated copies removed) by the time this returns.
+    """
+    solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
+    out_of_sync = []
+    solution_paths = notebooks_in(solutions_dir)
+    for solution_path in solution_paths:
+        expected = make_student_copy(read_notebook(solution_path), solution_path.name)
+        target = exercises_dir / solution_path.name
+        if target.exists() and notebook_signature(read_notebook(target)) == notebook_signature(expected):
+            continue
+        out_of_sync.append(f"{target}: {'differs from' if target.exists() else 'missing for'} {solution_path}")
+        if not check:
+            exercises_dir.mkdir(parents=True, exist_ok=True)
+            nbformat.write(expected, target)
+    solution_names = {path.name for path in solution_paths}
+    for stale in notebooks_in(exercises_dir):
+        if stale.name not in solution_names:
+            out_of_sync.append(f"{stale}: has no solution in {solutions_dir}")
+            if not check and is_generated(read_notebook(stale)):
+                stale.unlink()
+    return out_of_sync
+
+
+def notebook_signature(nb):
+    """What must agree between a committed student copy and a freshly generated one."""
+    cells = [
+        (cell.get("id"), cell.get("cell_type"), cell_source(cell), cell.get("metadata", {}))
+        for cell in nb.cells
+    ]
+    return cells, nb.metadata.get(METADATA_KEY, {})
+
+
+def is_generated(nb) -> bool:
+    return bool(nb.metadata.get(METADATA_KEY, {}).get("solution_sha256"))
+
+
+def notebooks_in(folder: Path) -> list:
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.glob("*.ipynb") if not path.name.startswith("."))
+
+
+def read_notebook(path):
+    return nbformat.read(str(path), as_version=4)
