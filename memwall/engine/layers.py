@@ -80,11 +80,14 @@ def attend(q, k, v, mask=None):
     """
     batch, heads, tokens, head_dim = q.shape
     kv_heads = k.shape[1]
-    if mask is None and tokens == 1:
+    if tokens == 1 and (mask is None or mask.dim() == 4):
         # Decode: group the query heads that share a KV head, so each K/V head is read once
         # (no copies), and skip the fused kernel, whose fixed cost is large for one query.
         q = q.view(batch, kv_heads, heads // kv_heads, head_dim)
-        weights = torch.softmax((q @ k.transpose(-1, -2)) * head_dim ** -0.5, dim=-1)
+        scores = (q @ k.transpose(-1, -2)) * head_dim ** -0.5
+        if mask is not None:  # batched decode of sequences with different lengths: [batch, 1, 1, keys]
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
         return (weights @ v).view(batch, heads, 1, head_dim)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
 
