@@ -45,7 +45,9 @@ the check name plus a fresh random component, and any keyword arguments the chec
 ``compare_function(student, reference, cases, rtol=1e-6, atol=0.0)`` and
 ``compare_value(answer, expected, rtol=1e-6, atol=0.0, what="your answer")`` return the number of
 cases that passed and raise ``AssertionError`` naming the first failing input, the expected and
-the actual result. ``check`` turns that into one line, ``✓ ch01.ttft: 12/12 cases passed``, or an
+the actual result. A case is a dict of keyword arguments, a tuple of positional ones, or one
+value; results may be numbers (two ints must be equal exactly), lists, dicts, numpy arrays or
+torch tensors. ``check`` turns that into one line, ``✓ ch01.ttft: 12/12 cases passed``, or an
 ``AssertionError`` prefixed with the check name; a ``NotImplementedError`` from the student's
 function becomes "not implemented yet". ``wrong_answers`` are answers the check must reject:
 tests/test_exercises_sync.py proves it does. Import heavy modules inside the check function.
@@ -55,8 +57,11 @@ Grading
 =======
 ``grade(submissions_dir, out_csv, feedback_dir=None, timeout=900, cell_timeout=300, jobs=1,
 solutions_dir="solutions")`` (the `memwall grade` command) rebuilds each submission on its
-solution's skeleton (``restore.py``), runs it with ``pytest --nbval-lax`` in a fresh kernel
-(``execute.py``) and writes one CSV row per notebook plus a feedback file. See
+solution's skeleton (``restore.py``), runs it with ``pytest --nbval-lax`` in a fresh kernel with
+cell and wall-clock limits (``execute.py``, ``nbval_plugin.py``, results signed by
+``signing.py``), scores each check cell that passed and printed its ``✓`` line (``grader.py``)
+and writes one CSV row per notebook plus a feedback file (``report.py``). ``exercises`` and
+``grade`` are plugged into the `memwall` command by ``cli.register_cli``. See
 book/instructors.md.
 """
 

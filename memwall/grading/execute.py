@@ -11,6 +11,7 @@ The whole pytest process group, and the kernel's own process group, are killed a
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 import nbformat
 
 from memwall.grading.cells import code_cells
+from memwall.grading.signing import verify
 
 KERNEL_DEAD = "Kernel dead on test start"
 CELL_TIMEOUT_PREFIX = "Timeout of"
@@ -62,6 +64,7 @@ class NotebookRun:
     runs: int = 0
     log_tail: str = ""
     returncode: int = None
+    forged_records: int = 0  # results with a bad signature: student code wrote them
 
 
 def run_notebook(nb, cell_timeout, wall_timeout, threads=None) -> NotebookRun:
@@ -74,6 +77,7 @@ def run_notebook(nb, cell_timeout, wall_timeout, threads=None) -> NotebookRun:
         once = run_notebook_once(nb, cell_timeout, deadline - time.monotonic(), threads)
         result.runs += 1
         result.log_tail, result.returncode = once.log_tail, once.returncode
+        result.forged_records += once.forged_records
         # Cells before first_unsettled already have their result from an earlier run.
         result.cells.update({i: o for i, o in once.cells.items() if i >= first_unsettled})
         if once.wall_timeout:
@@ -105,6 +109,10 @@ def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None) -> NotebookR
         notebook_path = workdir / "submission.ipynb"
         results_path = workdir / "results.jsonl"
         log_path = workdir / "pytest.log"
+        key_path = workdir / "key"
+        key = secrets.token_hex(32).encode()
+        key_path.write_bytes(key)
+        key_path.chmod(0o600)
         nbformat.write(nbformat.from_dict(nb), str(notebook_path))
         # An empty config file makes workdir the rootdir, away from any project's pytest settings.
         (workdir / "pytest.ini").write_text("[pytest]\n")
@@ -112,7 +120,8 @@ def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None) -> NotebookR
             sys.executable, "-m", "pytest", str(notebook_path),
             "-p", "nbval.plugin", "-p", "memwall.grading.nbval_plugin", "-p", "no:cacheprovider",
             "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout}",
-            f"--memwall-results={results_path}", "-q", "--tb=no", "-o", "addopts=",
+            f"--memwall-results={results_path}", f"--memwall-key-file={key_path}",
+            "-q", "--tb=no", "-o", "addopts=",
         ]  # fmt: skip
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
@@ -125,14 +134,16 @@ def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None) -> NotebookR
                 result.wall_timeout = True
                 kill_group(process.pid)
                 result.returncode = process.wait()
-        records = read_records(results_path)
+        signed = read_records(results_path)
+        records = [record for record in (verify(key, raw) for raw in signed) if record is not None]
+        result.forged_records = len(signed) - len(records)
         # The kernel runs in its own session; kill that too, with anything the student started.
         for record in records:
             if "kernel_pid" in record:
                 kill_group(record["kernel_pid"])
         for record in records:
             if "cell" in record:
-                fields = {key: record[key] for key in CellOutcome.__dataclass_fields__ if key in record}
+                fields = {name: record[name] for name in CellOutcome.__dataclass_fields__ if name in record}
                 result.cells[record["cell"]] = CellOutcome(**fields)
         result.log_tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARACTERS:]
     return result

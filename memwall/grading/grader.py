@@ -145,6 +145,8 @@ def _grade_into(row, submission, solutions, timeout, cell_timeout, threads):
     run = run_notebook(restored.nb, cell_timeout, timeout, threads)
     notes = restored.notes + run_notes(run, cell_timeout, timeout)
     notes += [f"review: {flag}" for flag in tampering_flags(restored.student_sources)]
+    if run.forged_records:
+        notes.append("review: forged grading results (ignored)")
     row.checks = score_checks(restored.nb, run, timeout)
     if not run.cells and not run.wall_timeout:
         notes.append(f"notebook did not run: {last_line(run.log_tail)}")

@@ -6,26 +6,41 @@ appends a JSON line to FILE as soon as the cell finishes, so the results survive
 grader has to kill pytest for running past the notebook's time limit. It also records the
 kernel's pid (so the grader can kill a kernel stuck in C code) and notices when the kernel
 process dies during a cell (``os._exit``), which nbval itself reports only as a timeout.
+Records are signed with a key the kernel never sees (signing.py).
 """
 
 import json
+import os
 import threading
 import time
 
 import pytest
+
+from memwall.grading.signing import sign
 
 KERNEL_POLL_SECONDS = 0.1
 
 
 def pytest_addoption(parser):
     parser.addoption("--memwall-results", default=None, help="JSON-lines file for per-cell results")
+    parser.addoption("--memwall-key-file", default=None, help="file with the signing key; deleted once read")
+
+
+def pytest_configure(config):
+    # Runs before nbval starts the kernel, so the key file is gone before any student code runs.
+    key_file = config.getoption("memwall_key_file", default=None)
+    config._memwall_key = b""
+    if key_file:
+        with open(key_file, "rb") as handle:
+            config._memwall_key = handle.read().strip()
+        os.unlink(key_file)
 
 
 def _write(config, record):
     path = config.getoption("memwall_results")
     if path:
         with open(path, "a", encoding="utf-8") as results:
-            results.write(json.dumps(record) + "\n")
+            results.write(json.dumps(sign(config._memwall_key, record)) + "\n")
 
 
 def _kernel_process(item):
