@@ -1,0 +1,1 @@
+"""Data files shipped with memwall: eval_text.txt, the text chapters score perplexity on (written for the project)."""
