@@ -1,0 +1,57 @@
+"""memwall's benchmarks: `memwall bench <benchmark>` on the command line, functions for chapters.
+
+- `harness`: warm-up, interleaved repeats, medians, a progress bar on terminals, device/dtype
+  options, roofline fields and output formatting, shared by every benchmark.
+- `workload`: models by name (or "random:<spec>" for random weights) and prompts.
+- `decode`: `bench_decode(...) -> dict` and `memwall bench decode`.
+
+Adding a benchmark (e.g. `memwall bench batch`)
+-----------------------------------------------
+Write `memwall/bench/batch.py` with a Python function that returns a dict, and
+
+    def add_cli(bench_subparsers):
+        parser = bench_subparsers.add_parser("batch", help="...")
+        parser.add_argument("--json", action="store_true")
+        parser.set_defaults(run=run_cli)      # run_cli(args) -> exit code
+
+Use `harness.run_interleaved` for the timing and `harness.print_result` for the output. If the
+module name is listed in SUBCOMMANDS it is picked up; modules that do not exist (yet) are skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+from memwall.bench.decode import bench_decode
+
+__all__ = ["SUBCOMMANDS", "bench_decode", "register_cli"]
+
+# benchmark -> module whose add_cli(bench_subparsers) adds it.
+SUBCOMMANDS = {
+    "decode": "memwall.bench.decode",
+    "batch": "memwall.bench.batch",
+    "speculative": "memwall.bench.speculative",
+    "serve": "memwall.bench.serve",
+}
+
+
+def register_cli(subparsers) -> None:
+    """Add `memwall bench` and, under it, every benchmark whose module exists."""
+    parser = subparsers.add_parser("bench", help="measure decode speed against transformers and the roofline",
+                                   description="Benchmarks. `memwall bench <benchmark> --help` for options.")
+    benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    for module_name in SUBCOMMANDS.values():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        if hasattr(module, "add_cli"):
+            module.add_cli(benchmarks)
+
+    def run_without_benchmark(args) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    parser.set_defaults(run=run_without_benchmark)
+

@@ -1,0 +1,183 @@
+"""`memwall bench decode`: batch-1 decode speed, beside transformers and the bandwidth roofline.
+
+A decode step reads every weight once plus the KV cache so far, so on any machine
+
+    tokens/s  <=  measured memory bandwidth / bytes per step          (the roofline ceiling)
+
+with bytes per step = weight bytes + KV bytes at the step's context. This module times memwall's
+engine and/or transformers' `generate` on the same model and prompt (greedy, exactly
+`new_tokens` tokens, no early stop), measures the bandwidth in the same process
+(`memwall.hardware.measure`), and reports where each lands under the ceiling, in the manner of
+gpt-fast's "bandwidth achieved" line.
+
+Both engines are timed the same way: TTFT from the call to the first generated token, and time
+per output token as (time of the last token - time of the first) / (new_tokens - 1).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from memwall.bench import harness, workload
+
+ENGINES = ("memwall", "hf")
+
+
+def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=None, device: str | None = None,
+                 dtype: str | None = None, prompt_tokens: int = 32, new_tokens: int = 128, repeats: int = 3,
+                 warmup: int = 1, bandwidth: float | None = None, progress: bool | None = None) -> dict:
+    """Time batch-1 greedy decode and return a dict of medians and roofline figures.
+
+    model: a name ("smollm2-135m", "random:llama-3-8b"), or an already loaded transformers model
+        (then `device`/`dtype` are taken from it and `tokenizer` is used for the prompt).
+    engine: "memwall", "hf" (transformers' generate) or "compare" (both, interleaved, plus the
+        ratio memwall tok/s / hf tok/s).
+    bandwidth: bytes/s for the roofline; default: `memwall.hardware.measure(device)`.
+    """
+    if engine not in (*ENGINES, "compare"):
+        raise ValueError(f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}.")
+    harness.check_count("prompt_tokens", prompt_tokens, 1)
+    harness.check_count("new_tokens", new_tokens, 2)  # one decode step at least, after the first token
+    engines = ENGINES if engine == "compare" else (engine,)
+
+    if isinstance(model, str):
+        device = harness.resolve_device(device)
+        dtype = harness.resolve_dtype(dtype, device)
+        name = model
+        hf_model, tokenizer = workload.load_model(model, dtype, device)
+    else:
+        hf_model, name = model, getattr(model.config, "_name_or_path", type(model).__name__)
+        parameter = next(hf_model.parameters())
+        device, dtype = str(parameter.device), harness.dtype_name(parameter.dtype)
+    config = hf_model.config
+    if prompt_tokens + new_tokens > config.max_position_embeddings:
+        raise ValueError(f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the model's "
+                         f"context of {config.max_position_embeddings} tokens.")
+    prompt = workload.make_prompt(prompt_tokens, config.vocab_size, tokenizer)
+
+    runs, weight_bytes, kv_per_token = {}, {}, {}
+    if "memwall" in engines:
+        from memwall.engine import Transformer
+
+        engine_model = Transformer.from_hf(hf_model)
+        runs["memwall"] = lambda: time_memwall(engine_model, prompt, new_tokens)
+        weight_bytes["memwall"] = engine_model.weight_bytes_per_step()
+        kv_per_token["memwall"] = engine_model.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
+        if "hf" not in engines and isinstance(model, str):
+            hf_model = None  # we loaded it: free it, so an 8B model is never held twice
+    if "hf" in engines:
+        runs["hf"] = lambda: time_hf(hf_model, prompt, new_tokens)
+        weight_bytes["hf"] = workload.hf_weight_bytes_per_step(hf_model)
+        kv_per_token["hf"] = workload.kv_bytes_per_token(config, torch.finfo(harness.DTYPES[dtype]).bits // 8)
+
+    if bandwidth is None:
+        from memwall.hardware import measure
+
+        bandwidth = measure(device).bandwidth
+    samples = harness.run_interleaved(runs, repeats, warmup, f"decode {name}", progress)
+
+    shared = {"model": name, **harness.environment(device), "dtype": dtype, "prompt_tokens": prompt_tokens,
+              "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup,
+              "cost_model_weight_bytes": _cost_model_weight_bytes(config, dtype)}
+    per_engine = {e: summarize(e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens,
+                               new_tokens, bandwidth) for e in engines}
+    if engine != "compare":
+        return {"engine": engine, **shared, **per_engine[engine]}
+    ratio = per_engine["memwall"]["tok_per_s"] / per_engine["hf"]["tok_per_s"]
+    return {"engine": "compare", **shared, **per_engine, "memwall_over_hf_tok_per_s": ratio}
+
+
+def summarize(engine: str, samples: list[dict], weight_bytes: int, kv_bytes_per_token: int,
+              prompt_tokens: int, new_tokens: int, bandwidth: float) -> dict:
+    """Medians over repeats, and the bytes a step moves at the mean context of the decode steps."""
+    median = harness.medians(samples)
+    # Decode step j (j = 1 .. new_tokens - 1) attends prompt_tokens + j positions: mean P + N/2.
+    mean_context = prompt_tokens + new_tokens / 2
+    kv_bytes = kv_bytes_per_token * mean_context
+    bytes_per_step = weight_bytes + kv_bytes
+    tok_per_s = 1 / median["tpot_s"]
+    return {"engine": engine, "ttft_ms": median["ttft_s"] * 1e3, "ms_per_token": median["tpot_s"] * 1e3,
+            "tok_per_s": tok_per_s, "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token,
+            "mean_context": mean_context, "kv_bytes": kv_bytes, "bytes_per_step": bytes_per_step,
+            **harness.roofline_fields(tok_per_s, bytes_per_step, bandwidth),
+            "ms_per_token_repeats": [s["tpot_s"] * 1e3 for s in samples]}
+
+
+def _cost_model_weight_bytes(config, dtype: str) -> float:
+    """What `memwall.cost` predicts for the same shape: the engines' byte counts are checked against it."""
+    from memwall import cost
+    from memwall.specs import ModelSpec
+
+    return cost.weight_bytes(ModelSpec.from_hf_config(config), dtype, count_input_embedding=False)
+
+
+# ---- one timed generation per engine -----------------------------------------------------------
+
+def time_memwall(engine_model, prompt: list[int], new_tokens: int) -> dict:
+    from memwall.engine import generate
+
+    out = generate(engine_model, prompt, new_tokens)  # greedy, no stop tokens: exactly new_tokens
+    return {"ttft_s": out.ttft_s, "tpot_s": sum(out.step_times_s) / len(out.step_times_s)}
+
+
+class _TokenClock:
+    """A transformers streamer that only records when each token arrives (after a device sync)."""
+
+    def __init__(self, device):
+        self.device, self.times = device, []
+
+    def put(self, value):
+        harness.synchronize(self.device)
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+@torch.inference_mode()
+def time_hf(hf_model, prompt: list[int], new_tokens: int) -> dict:
+    from transformers import GenerationConfig
+
+    device = next(hf_model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    # No end-of-sequence token, so it generates exactly new_tokens; an explicit mask, so no prompt
+    # token is mistaken for padding.
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    clock = _TokenClock(device)
+    start = time.perf_counter()
+    hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, streamer=clock)
+    times = clock.times[1:]  # the first put() is the prompt itself
+    if len(times) != new_tokens:
+        raise RuntimeError(f"transformers generated {len(times)} tokens, expected {new_tokens}")
+    return {"ttft_s": times[0] - start, "tpot_s": (times[-1] - times[0]) / (new_tokens - 1)}
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def add_cli(bench_subparsers) -> None:
+    parser = bench_subparsers.add_parser(
+        "decode", help="time batch-1 decode against transformers and the bandwidth roofline",
+        description="Time batch-1 greedy decode; report tok/s, bytes per step and the fraction of the "
+                    "measured-bandwidth roofline.")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="model name, or random:<catalog spec> for random weights (e.g. random:llama-3-8b)")
+    parser.add_argument("--engine", choices=ENGINES, default="memwall", help="which engine to time")
+    parser.add_argument("--compare", action="store_true", help="time memwall and hf in one process, add the ratio")
+    parser.add_argument("--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)")
+    parser.add_argument("--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine; medians reported (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run_cli)
+
+
+def run_cli(args) -> int:
+    result = bench_decode(args.model, "compare" if args.compare else args.engine, device=args.device,
+                          dtype=args.dtype, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                          repeats=args.repeats, warmup=args.warmup)
+    harness.print_result(result, args.json, columns=list(ENGINES) if args.compare else None)
+    return 0

@@ -1,0 +1,169 @@
+"""The measuring harness every `memwall bench` subcommand shares.
+
+What makes a timing trustworthy on a shared, noisy machine (Hoefler & Belli 2015, "Scientific
+benchmarking of parallel computing systems"):
+- warm-up runs first, thrown away (allocator, caches, lazy initialisation, CPU frequency);
+- several repeats, reported as the median, with every repeat kept in the result;
+- when two things are compared, their repeats are interleaved (A, B, A, B, ...), so that a burst
+  of load from another process slows both, not just one, and the ratio stays honest;
+- a device synchronisation before every clock read, so GPU work is not left running unseen.
+
+`run_interleaved` does the first three; `synchronize` the last. The rest resolves the options
+every subcommand shares (device, dtype) and formats results (JSON, or a plain table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from typing import Callable, Mapping
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICES = ("cpu", "cuda")
+
+
+# ---- options shared by every subcommand ------------------------------------------------------
+
+def resolve_device(device: str | None) -> str:
+    """"cpu" or "cuda" (default: cuda when available), or a ValueError naming the choices."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind = str(device).split(":")[0]
+    if kind not in DEVICES:
+        raise ValueError(f"Unknown device {device!r}; choose from {', '.join(DEVICES)}.")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("CUDA was requested but torch sees no CUDA GPU here; use --device cpu.")
+    return str(device)
+
+
+def resolve_dtype(dtype: str | None, device: str) -> str:
+    """A dtype name from DTYPES; default fp32 on CPU (no native 16-bit math) and bf16 on a GPU."""
+    if dtype is None:
+        return "fp32" if device == "cpu" else "bf16"
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}.")
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    return str(dtype).replace("torch.", "")
+
+
+def check_count(name: str, value: int, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+def synchronize(device) -> None:
+    """Wait for queued device work, so the next clock read includes it (a no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def environment(device: str) -> dict:
+    """What a reader needs to interpret the numbers: where, with what, and how busy the machine was."""
+    from memwall.hardware import _device_name
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"device": torch.device(device).type, "device_name": _device_name(torch.device(device)),
+            "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+            "load_average_1min": load}
+
+
+# ---- repeats and medians -----------------------------------------------------------------------
+
+class _NoProgress:
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(total: int, description: str, enabled: bool | None = None):
+    """A tqdm bar on stderr, shown only when stderr is a terminal (never in logs, pipes or notebooks)."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return _NoProgress()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, file=sys.stderr, leave=False)
+
+
+def run_interleaved(runs: Mapping[str, Callable[[], dict]], repeats: int, warmup: int = 1,
+                    description: str = "bench", progress: bool | None = None) -> dict[str, list[dict]]:
+    """Call each function in `runs` warmup + repeats times, round-robin; keep the timed repeats.
+
+    Each function does one complete measurement and returns a dict of numbers (e.g. seconds).
+    Returns {name: [one dict per timed repeat]}.
+    """
+    check_count("repeats", repeats, 1)
+    check_count("warmup", warmup, 0)
+    results: dict[str, list[dict]] = {name: [] for name in runs}
+    bar = progress_bar((warmup + repeats) * len(runs), description, progress)
+    try:
+        for round_index in range(warmup + repeats):
+            for name, run in runs.items():
+                measured = run()
+                if round_index >= warmup:
+                    results[name].append(measured)
+                bar.update()
+    finally:
+        bar.close()
+    return results
+
+
+def medians(samples: list[dict]) -> dict:
+    """The median of each key over repeats."""
+    return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
+
+
+def roofline_fields(tok_per_s: float, bytes_per_step: float, bandwidth: float) -> dict:
+    """Where a measured decode speed sits under the bandwidth ceiling: tokens/s <= bandwidth / bytes."""
+    roofline = bandwidth / bytes_per_step
+    return {"measured_bandwidth_bytes_per_s": bandwidth,
+            "achieved_bandwidth_bytes_per_s": tok_per_s * bytes_per_step,
+            "roofline_tok_per_s": roofline,
+            "fraction_of_roofline": tok_per_s / roofline}
+
+
+# ---- output ------------------------------------------------------------------------------------
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def print_result(result: dict, as_json: bool, columns: list[str] | None = None) -> None:
+    """JSON for machines; otherwise a two-column table, or one column per entry of `columns`
+    (e.g. ["memwall", "hf"]) when `result` holds a sub-dict for each."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    if not columns:
+        rows = [(key, _format(value)) for key, value in result.items() if not isinstance(value, (list, dict))]
+        width = max(len(key) for key, _ in rows)
+        for key, value in rows:
+            print(f"{key:<{width}}  {value}")
+        return
+    shared = [(key, _format(v)) for key, v in result.items() if not isinstance(v, (list, dict))]
+    keys = [key for key, value in result[columns[0]].items() if not isinstance(value, (list, dict))]
+    width = max(len(key) for key in keys + [key for key, _ in shared])
+    for key, value in shared:
+        print(f"{key:<{width}}  {value}")
+    print(f"{'':<{width}}  " + "  ".join(f"{name:>14}" for name in columns))
+    for key in keys:
+        print(f"{key:<{width}}  " + "  ".join(f"{_format(result[name].get(key, '')):>14}" for name in columns))

@@ -1,0 +1,128 @@
+"""memwall bench: the fields, units and arithmetic of its results (never its timings)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from memwall import cost
+from memwall.bench import bench_decode, harness, workload
+from memwall.cli import main
+from memwall.specs import ModelSpec
+
+REQUIRED_FIELDS = ("engine", "device", "dtype", "prompt_tokens", "new_tokens", "ttft_ms", "ms_per_token",
+                   "tok_per_s", "weight_bytes", "kv_bytes", "bytes_per_step", "measured_bandwidth_bytes_per_s",
+                   "roofline_tok_per_s", "fraction_of_roofline")
+FAKE_BANDWIDTH = 10e9  # bytes/s: the tests check arithmetic, so no need to measure the machine
+
+
+def assert_consistent(result, config, prompt_tokens, new_tokens):
+    assert result["ms_per_token"] > 0 and result["ttft_ms"] > 0
+    assert math.isclose(result["tok_per_s"], 1000 / result["ms_per_token"])
+    assert len(result["ms_per_token_repeats"]) >= 1
+    spec = ModelSpec.from_hf_config(config)
+    assert result["kv_bytes_per_token"] == cost.kv_bytes_per_token(spec, "fp32")
+    assert math.isclose(result["kv_bytes"], result["kv_bytes_per_token"] * (prompt_tokens + new_tokens / 2))
+    assert math.isclose(result["bytes_per_step"], result["weight_bytes"] + result["kv_bytes"])
+    bandwidth = result["measured_bandwidth_bytes_per_s"]
+    assert math.isclose(result["roofline_tok_per_s"], bandwidth / result["bytes_per_step"])
+    assert math.isclose(result["fraction_of_roofline"], result["tok_per_s"] / result["roofline_tok_per_s"])
+    assert math.isclose(result["achieved_bandwidth_bytes_per_s"], result["tok_per_s"] * result["bytes_per_step"])
+
+
+def test_compare_fields_and_arithmetic(tiny_hf):
+    result = bench_decode(tiny_hf, "compare", prompt_tokens=5, new_tokens=4, repeats=2, warmup=0,
+                          bandwidth=FAKE_BANDWIDTH, progress=False)
+    json.dumps(result)  # plain JSON types only
+    assert result["engine"] == "compare" and result["device"] == "cpu" and result["dtype"] == "fp32"
+    for engine in ("memwall", "hf"):
+        assert all(field in result[engine] for field in REQUIRED_FIELDS if field not in result)
+        assert len(result[engine]["ms_per_token_repeats"]) == 2
+        assert_consistent(result[engine], tiny_hf.config, 5, 4)
+    assert math.isclose(result["memwall_over_hf_tok_per_s"], result["memwall"]["tok_per_s"] / result["hf"]["tok_per_s"])
+    # Both engines read the same bytes, and the cost model agrees up to the one embedding row a
+    # lookup reads (which it leaves out for a tied model, whose table is read whole as the head).
+    assert result["memwall"]["weight_bytes"] == result["hf"]["weight_bytes"]
+    row_bytes = tiny_hf.config.hidden_size * 4
+    assert abs(result["memwall"]["weight_bytes"] - result["cost_model_weight_bytes"]) <= row_bytes
+
+
+@pytest.mark.parametrize("engine", ["memwall", "hf"])
+def test_single_engine_result_is_flat(tiny_hf, engine):
+    result = bench_decode(tiny_hf, engine, prompt_tokens=3, new_tokens=3, repeats=1, warmup=1,
+                          bandwidth=FAKE_BANDWIDTH, progress=False)
+    assert all(field in result for field in REQUIRED_FIELDS)
+    assert result["engine"] == engine and result["new_tokens"] == 3 and result["prompt_tokens"] == 3
+    assert_consistent(result, tiny_hf.config, 3, 3)
+
+
+def test_weight_bytes_of_an_untied_model():
+    spec = ModelSpec(name="untied", n_layers=2, d_model=32, n_heads=4, n_kv_heads=1, head_dim=8,
+                     d_ff=64, vocab_size=100, tied_embeddings=False, max_context=64)
+    from memwall.models import random_init
+
+    model = random_init(spec)
+    # Every parameter but the input table, plus the one row a token looks up.
+    assert workload.hf_weight_bytes_per_step(model) == (spec.n_params - 100 * 32 + 32) * 4
+    assert workload.hf_weight_bytes_per_step(model) == cost.weight_bytes(spec, "fp32", count_input_embedding=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(engine="vllm"), "choose from memwall, hf, compare"),
+    (dict(new_tokens=1), "new_tokens"),
+    (dict(prompt_tokens=0), "prompt_tokens"),
+    (dict(repeats=0), "repeats"),
+    (dict(prompt_tokens=250, new_tokens=10), "context of 256"),
+])
+def test_bad_arguments_raise_value_errors(tiny_hf, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bench_decode(tiny_hf, **{"bandwidth": FAKE_BANDWIDTH, "progress": False, **kwargs})
+
+
+def test_options_resolve_with_clear_errors():
+    assert harness.resolve_dtype(None, "cpu") == "fp32" and harness.resolve_dtype(None, "cuda") == "bf16"
+    with pytest.raises(ValueError, match="choose from fp32, bf16, fp16"):
+        harness.resolve_dtype("fp8", "cpu")
+    with pytest.raises(ValueError, match="choose from cpu, cuda"):
+        harness.resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            harness.resolve_device("cuda")
+    with pytest.raises(ValueError, match="Unknown model"):
+        workload.load_model("random:no-such-model", "fp32", "cpu")
+
+
+def test_prompts_have_the_requested_length():
+    assert len(workload.make_prompt(40, 1000)) == 40
+    assert workload.make_prompt(7, 1000, seed=1) == workload.make_prompt(7, 1000, seed=1)
+
+
+def test_interleaving_medians_and_warmup():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or {"t": len(calls)}) for name in ("a", "b")}
+    samples = harness.run_interleaved(runs, repeats=3, warmup=1, progress=False)
+    assert calls == ["a", "b"] * 4  # round-robin, warm-up included
+    assert [s["t"] for s in samples["a"]] == [3, 5, 7]  # warm-up dropped
+    assert harness.medians(samples["a"]) == {"t": 5}
+
+
+def test_cli_without_a_benchmark_is_a_usage_error(capsys):
+    assert main(["bench"]) == 2
+    assert "decode" in capsys.readouterr().err
+    assert main(["bench", "decode", "--engine", "nope"]) == 2
+
+
+@pytest.mark.slow
+def test_cli_decode_on_smollm2_prints_json(capsys):
+    code = main(["bench", "decode", "--model", "smollm2-135m", "--new-tokens", "4", "--prompt-tokens", "8",
+                 "--repeats", "1", "--warmup", "0", "--compare", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"] == "smollm2-135m" and result["device"] == "cpu"
+    for engine in ("memwall", "hf"):
+        assert all(field in result[engine] or field in result for field in REQUIRED_FIELDS)
+        assert result[engine]["measured_bandwidth_bytes_per_s"] > 1e9
+    # SmolLM2-135M in fp32: 538 MB of weights read per step, as the cost model says.
+    assert abs(result["memwall"]["weight_bytes"] - result["cost_model_weight_bytes"]) <= 576 * 4
+    assert 530e6 < result["memwall"]["weight_bytes"] < 545e6
