@@ -25,7 +25,7 @@ def exercise_path(solution_path: Path) -> Path:
 
 
 def label(path: Path) -> str:
-    return f"{path.parent.parent.name}/{path.name}"
+    return str(path.relative_to(REPO))
 
 
 @pytest.mark.parametrize("pair", FOLDER_PAIRS, ids=str)
