@@ -1,0 +1,119 @@
+"""Checks for chapter 1, "Two phases behind one API call": TTFT, TPOT and end-to-end latency.
+
+Definitions as in the chapter: TTFT is when the first output token arrives (seconds after the
+request); TPOT is the average gap between output tokens after the first; a reply of n tokens
+takes TTFT + (n - 1) x TPOT. Hidden cases are drawn at random around realistic timings.
+"""
+
+from memwall.grading import compare_function, register
+
+CASES_PER_CHECK = 12
+
+
+# ---- references ------------------------------------------------------------------------------
+
+def reference_end_to_end_latency(ttft_s, tpot_s, n_tokens):
+    # The first token arrives at TTFT; each of the other n - 1 tokens adds one decode step.
+    return ttft_s + (n_tokens - 1) * tpot_s
+
+
+def reference_time_per_output_token(token_times_s):
+    # The mean of the n - 1 gaps telescopes to (last - first) / (n - 1); TTFT is not a gap.
+    return (token_times_s[-1] - token_times_s[0]) / (len(token_times_s) - 1)
+
+
+def reference_decode_tokens_per_s(step_times_s):
+    # The median step, so one pause (another process, a page fault) does not drag the rate down.
+    ordered = sorted(step_times_s)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return 1.0 / median
+
+
+def reference_predict_ttft(prompt_lengths, ttfts_s, prompt_tokens):
+    # Least-squares line ttft = intercept + slope x length through the measurements.
+    count = len(prompt_lengths)
+    mean_x = sum(prompt_lengths) / count
+    mean_y = sum(ttfts_s) / count
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in zip(prompt_lengths, ttfts_s))
+    variance = sum((x - mean_x) ** 2 for x in prompt_lengths)
+    slope = covariance / variance
+    return mean_y + slope * (prompt_tokens - mean_x)
+
+
+# ---- random cases ----------------------------------------------------------------------------
+
+def token_stream(rng, n_tokens):
+    """Arrival times of n tokens: a TTFT, then decode gaps with jitter and now and then a pause."""
+    ttft = rng.uniform(0.02, 3.0)
+    tpot = rng.uniform(0.005, 0.2)
+    times = [ttft]
+    for _ in range(n_tokens - 1):
+        pause = rng.uniform(2, 10) * tpot if rng.random() < 0.1 else 0.0
+        times.append(times[-1] + tpot * rng.uniform(0.8, 1.25) + pause)
+    return times
+
+
+def step_times_with_outliers(rng):
+    """Decode step times: mostly near one value, with one or two long pauses."""
+    typical = rng.uniform(0.005, 0.2)
+    times = [typical * rng.uniform(0.9, 1.15) for _ in range(rng.randint(5, 40))]
+    for _ in range(rng.randint(1, 2)):
+        times[rng.randrange(len(times))] = typical * rng.uniform(5, 30)
+    return times
+
+
+def measured_ttfts(rng):
+    """A sweep of prompt lengths and noisy TTFTs on a line, as in the chapter."""
+    intercept, slope = rng.uniform(0.005, 0.1), rng.uniform(1e-4, 5e-3)
+    lengths = sorted(rng.sample(range(8, 4097), rng.randint(3, 8)))
+    return lengths, [intercept + slope * n * rng.uniform(0.9, 1.1) for n in lengths]
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+@register("ch01.latency", wrong_answers=[
+    lambda ttft_s, tpot_s, n_tokens: ttft_s + n_tokens * tpot_s,
+    lambda ttft_s, tpot_s, n_tokens: n_tokens * tpot_s,
+])
+def check_end_to_end_latency(student, rng):
+    cases = [dict(ttft_s=rng.uniform(0.01, 5.0), tpot_s=rng.uniform(0.002, 0.3), n_tokens=rng.randint(1, 2000))
+             for _ in range(CASES_PER_CHECK)]
+    cases[0]["n_tokens"] = 1  # a one-token reply is just the TTFT
+    return compare_function(student, reference_end_to_end_latency, cases)
+
+
+@register("ch01.tpot", wrong_answers=[
+    lambda token_times_s: token_times_s[-1] / len(token_times_s),
+    lambda token_times_s: (token_times_s[-1] - token_times_s[0]) / len(token_times_s),
+])
+def check_time_per_output_token(student, rng):
+    cases = [dict(token_times_s=token_stream(rng, rng.randint(2, 300))) for _ in range(CASES_PER_CHECK)]
+    return compare_function(student, reference_time_per_output_token, cases)
+
+
+@register("ch01.decode_rate", wrong_answers=[
+    lambda step_times_s: len(step_times_s) / sum(step_times_s),
+    lambda step_times_s: sorted(step_times_s)[len(step_times_s) // 2],
+])
+def check_decode_tokens_per_s(student, rng):
+    cases = [dict(step_times_s=step_times_with_outliers(rng)) for _ in range(CASES_PER_CHECK)]
+    return compare_function(student, reference_decode_tokens_per_s, cases)
+
+
+def _through_last_point(prompt_lengths, ttfts_s, prompt_tokens):
+    return ttfts_s[-1] / prompt_lengths[-1] * prompt_tokens
+
+
+def _through_first_and_last(prompt_lengths, ttfts_s, prompt_tokens):
+    slope = (ttfts_s[-1] - ttfts_s[0]) / (prompt_lengths[-1] - prompt_lengths[0])
+    return ttfts_s[0] + slope * (prompt_tokens - prompt_lengths[0])
+
+
+@register("ch01.predict_ttft", wrong_answers=[_through_last_point, _through_first_and_last])
+def check_predict_ttft(student, rng):
+    cases = []
+    for _ in range(CASES_PER_CHECK):
+        lengths, ttfts = measured_ttfts(rng)
+        cases.append(dict(prompt_lengths=lengths, ttfts_s=ttfts, prompt_tokens=rng.randint(1, 8192)))
+    return compare_function(student, reference_predict_ttft, cases, atol=1e-9)

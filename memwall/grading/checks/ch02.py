@@ -1,0 +1,126 @@
+"""Checks for chapter 2, "Arithmetic intensity and the roofline" (Williams et al., 2009).
+
+A matmul [m x k] @ [k x n] does 2mkn FLOPs and, at best, moves (mk + kn + mn) elements of
+`bytes_per_element` bytes. A chip with peak P FLOP/s and bandwidth B bytes/s attains at most
+min(P, intensity x B); its ridge point is P / B. Hidden cases span CPUs to H100-class GPUs.
+"""
+
+import math
+
+from memwall.grading import compare_function, register
+
+CASES_PER_CHECK = 12
+BYTES_PER_ELEMENT = [4, 2, 1]  # fp32, bf16/fp16, int8/fp8
+MAX_SEARCHED_ROWS = 100_000
+
+
+# ---- references ------------------------------------------------------------------------------
+
+def reference_matmul_intensity(m, k, n, bytes_per_element):
+    flops = 2 * m * k * n  # a multiply and an add for each of the k terms of each of the m x n outputs
+    bytes_moved = (m * k + k * n + m * n) * bytes_per_element  # read both inputs, write the output
+    return flops / bytes_moved
+
+
+def reference_attainable_flops(intensity, peak_flops, bandwidth):
+    return min(peak_flops, intensity * bandwidth)
+
+
+def reference_ridge_point(peak_flops, bandwidth):
+    return peak_flops / bandwidth
+
+
+def reference_rows_to_reach_ridge(k, n, bytes_per_element, peak_flops, bandwidth):
+    """Smallest m >= 1 with intensity(m) >= ridge, or math.inf if no m gets there.
+
+    intensity(m) >= R  <=>  m (2kn - R b (k + n)) >= R b k n, so no m works unless 2kn > R b (k + n);
+    otherwise start from the closed form and step to the exact integer with the intensity itself.
+    """
+    ridge = peak_flops / bandwidth
+    spare = 2 * k * n - ridge * bytes_per_element * (k + n)
+    if spare <= 0:
+        return math.inf
+    m = max(1, math.ceil(ridge * bytes_per_element * k * n / spare))
+    while m > 1 and reference_matmul_intensity(m - 1, k, n, bytes_per_element) >= ridge:
+        m -= 1
+    while reference_matmul_intensity(m, k, n, bytes_per_element) < ridge:
+        m += 1
+    return m
+
+
+# ---- random cases ----------------------------------------------------------------------------
+
+def random_chip(rng):
+    """A chip from a laptop CPU (ridge ~2) to an H100 (ridge ~300): (peak FLOP/s, bytes/s)."""
+    bandwidth = rng.uniform(10e9, 5e12)
+    return rng.uniform(1.0, 600.0) * bandwidth, bandwidth
+
+
+def random_matmul(rng):
+    return dict(m=rng.randint(1, 8192), k=rng.randint(64, 16384), n=rng.randint(64, 16384),
+                bytes_per_element=rng.choice(BYTES_PER_ELEMENT))
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+@register("ch02.intensity", wrong_answers=[
+    lambda m, k, n, bytes_per_element: 2 * m * k * n / ((m * k + k * n) * bytes_per_element),
+    lambda m, k, n, bytes_per_element: m * k * n / ((m * k + k * n + m * n) * bytes_per_element),
+    lambda m, k, n, bytes_per_element: 2 * m / bytes_per_element,
+])
+def check_matmul_intensity(student, rng):
+    cases = [random_matmul(rng) for _ in range(CASES_PER_CHECK)]
+    cases[0]["m"] = 1  # a decode step
+    return compare_function(student, reference_matmul_intensity, cases)
+
+
+@register("ch02.attainable", wrong_answers=[
+    lambda intensity, peak_flops, bandwidth: intensity * bandwidth,
+    lambda intensity, peak_flops, bandwidth: max(peak_flops, intensity * bandwidth),
+])
+def check_attainable_flops(student, rng):
+    cases = []
+    for index in range(CASES_PER_CHECK):
+        peak, bandwidth = random_chip(rng)
+        ridge = peak / bandwidth
+        # Half the cases below the ridge (memory-bound), half above (compute-bound).
+        intensity = ridge * (rng.uniform(0.01, 0.9) if index % 2 else rng.uniform(1.1, 100))
+        cases.append(dict(intensity=intensity, peak_flops=peak, bandwidth=bandwidth))
+    return compare_function(student, reference_attainable_flops, cases)
+
+
+@register("ch02.ridge", wrong_answers=[
+    lambda peak_flops, bandwidth: bandwidth / peak_flops,
+    lambda peak_flops, bandwidth: peak_flops * bandwidth,
+])
+def check_ridge_point(student, rng):
+    cases = []
+    for _ in range(CASES_PER_CHECK):
+        peak, bandwidth = random_chip(rng)
+        cases.append(dict(peak_flops=peak, bandwidth=bandwidth))
+    return compare_function(student, reference_ridge_point, cases)
+
+
+def _small_m_approximation(k, n, bytes_per_element, peak_flops, bandwidth):
+    return max(1, math.ceil(peak_flops / bandwidth * bytes_per_element / 2))
+
+
+def _one_row_short(k, n, bytes_per_element, peak_flops, bandwidth):
+    rows = reference_rows_to_reach_ridge(k, n, bytes_per_element, peak_flops, bandwidth)
+    return rows - 1 if rows > 1 else rows
+
+
+@register("ch02.rows_to_ridge", wrong_answers=[_small_m_approximation, _one_row_short])
+def check_rows_to_reach_ridge(student, rng):
+    cases = []
+    while len(cases) < CASES_PER_CHECK:
+        peak, bandwidth = random_chip(rng)
+        side = rng.choice([512, 1024, 2048, 4096, 8192, 16384])
+        case = dict(k=side, n=rng.choice([side, 4 * side // 3 // 64 * 64, side // 2]),
+                    bytes_per_element=rng.choice(BYTES_PER_ELEMENT), peak_flops=peak, bandwidth=bandwidth)
+        # Keep answers a row-by-row search finds quickly (just below the limit m grows without bound).
+        if reference_rows_to_reach_ridge(**case) <= MAX_SEARCHED_ROWS:
+            cases.append(case)
+    # Always one case that no number of rows can push past the ridge: 16-bit, a narrow weight, a GPU.
+    cases[-1] = dict(k=512, n=512, bytes_per_element=2, peak_flops=989e12, bandwidth=3.35e12)
+    return compare_function(student, reference_rows_to_reach_ridge, cases)
