@@ -8,7 +8,9 @@ source file is reused instead.
 
 Run as a script to build a *partial* book while chapters are still being written:
 `python tests/book_build.py --partial` copies the book to a temporary folder, drops the table of
-contents entries whose files do not exist yet, builds there and prints the warnings.
+contents entries whose files do not exist yet, builds there and prints the warnings (expect
+"cross-reference target not found" for links to the missing pages). Executed chapters are cached
+in the temp folder between partial builds; `--no-execute` skips execution altogether.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def warning_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
 
 
-def partial_build() -> BookBuild:
+def partial_build(execute: bool = True) -> BookBuild:
     """Build a copy of the book whose toc keeps only the files that exist (development aid)."""
     workdir = Path(tempfile.mkdtemp(prefix="memwall-book-"))
     ignore = shutil.ignore_patterns(".venv", "_build", ".git", "__pycache__", ".pytest_cache")
@@ -131,12 +133,18 @@ def partial_build() -> BookBuild:
                             if "glob" not in e or list(root.glob(e["glob"] + ".ipynb"))]  # fmt: skip
     toc["parts"] = [part for part in toc["parts"] if part["chapters"]]
     (root / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
+    config = yaml.safe_load((root / "_config.yml").read_text())
+    if execute:  # keep executed chapters between partial builds: only changed ones rerun
+        config["execute"]["cache"] = str(Path(tempfile.gettempdir()) / "memwall-partial-jupyter-cache")
+    else:
+        config["execute"]["execute_notebooks"] = "off"
+    (root / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_build(root)
 
 
 if __name__ == "__main__":
     if "--partial" not in sys.argv:
-        sys.exit("usage: python tests/book_build.py --partial   (the full build is `make book`)")
-    build = partial_build()
+        sys.exit("usage: python tests/book_build.py --partial [--no-execute]   (full build: make book)")
+    build = partial_build(execute="--no-execute" not in sys.argv)
     print("\n".join(warning_lines(build.log)) or "no warnings")
     print(f"exit status {build.returncode}; site in {build.html_dir}")

@@ -131,8 +131,7 @@ class Chromium:
         tab = Tab(self, target, session, url)
         for domain in ("Page", "Runtime", "Log", "Network"):
             tab.send(f"{domain}.enable")
-        tab.send("Emulation.setDeviceMetricsOverride",
-                 {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False})
+        tab._set_viewport(self.width, self.height)
         self._events.clear()
         tab.send("Page.navigate", {"url": url})
         tab.wait_for("Page.loadEventFired")
@@ -214,13 +213,25 @@ class Tab:
         self.browser.send("Target.closeTarget", {"targetId": self.target})
 
     def screenshot(self, path: str, full_page: bool = True) -> None:
-        """Save a PNG of the page (the whole scroll height when full_page)."""
-        params = {"format": "png"}
+        """Save a PNG of the page (the whole scroll height, up to 16000 px, when full_page).
+
+        For a full page the viewport itself is made as tall as the page: capturing "beyond the
+        viewport" instead shifts sticky sidebars and headers out of place.
+        """
+        width, height = self.browser.width, self.browser.height
         if full_page:
-            height = self.evaluate("Math.ceil(document.documentElement.scrollHeight)")
-            params["clip"] = {"x": 0, "y": 0, "width": self.browser.width,
-                              "height": min(int(height), 16000), "scale": 1}  # fmt: skip
-            params["captureBeyondViewport"] = True
-        data = self.send("Page.captureScreenshot", params)["data"]
+            height = min(int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)")), 16000)
+            self._set_viewport(width, height)
+            self.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
+                          await_promise=True)  # fmt: skip  # let the taller layout settle
+        try:
+            data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
+        finally:
+            if full_page:
+                self._set_viewport(self.browser.width, self.browser.height)
         with open(path, "wb") as file:
             file.write(base64.b64decode(data))
+
+    def _set_viewport(self, width: int, height: int) -> None:
+        self.send("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})

@@ -1,0 +1,104 @@
+"""The book builds with `jupyter-book build . -W --keep-going` and its pages hold what they should.
+
+The build runs once per session (tests/book_build.py; MEMWALL_REUSE_BUILD=1 reuses a fresh one)
+and tests/test_browser.py opens the same site in Chromium.
+"""
+
+import re
+
+import pytest
+
+from book_build import HTML_DIR, REPO, built_book, missing_toc_files, toc_files, warning_lines
+
+pytestmark = pytest.mark.slow
+
+CHAPTER_PAGES = [entry for entry in toc_files() if entry.startswith("chapters/")]
+# ipykernel 7 logs this on its own stderr when a kernel starts; it is not a warning about the book.
+KERNEL_TRANSPORT_NOTICE = "Kernel is running over TCP without encryption"
+WIDGET_STATE = 'type="application/vnd.jupyter.widget-state+json"'
+
+
+@pytest.fixture(scope="module")
+def build():
+    missing = missing_toc_files()
+    if missing:
+        pytest.fail(f"_toc.yml lists pages that do not exist yet, so the book cannot build: {missing}")
+    return built_book()
+
+
+def page_html(entry: str) -> str:
+    return (HTML_DIR / f"{entry}.html").read_text()
+
+
+def test_build_succeeds(build):
+    tail = "\n".join(build.log.splitlines()[-40:])
+    assert build.returncode == 0, f"jupyter-book build failed; log in _build/book-build.log:\n{tail}"
+
+
+def test_build_log_has_no_warnings(build):
+    warnings = [line for line in warning_lines(build.log) if KERNEL_TRANSPORT_NOTICE not in line]
+    assert not warnings, "\n".join(warnings)
+
+
+def test_every_toc_page_was_written(build):
+    missing = [entry for entry in toc_files() if not (HTML_DIR / f"{entry}.html").is_file()]
+    assert not missing
+    assert (HTML_DIR / "index.html").is_file()
+
+
+@pytest.mark.parametrize("chapter", CHAPTER_PAGES)
+def test_chapter_was_executed_and_shows_plots(build, chapter):
+    html = page_html(chapter)
+    plots = re.findall(r'<img[^>]+src="\.\./(_images/[^"]+\.(?:png|svg|jpg))"', html)
+    assert plots, f"{chapter}: no plot images in the page (was it executed?)"
+    for plot in plots:
+        assert (HTML_DIR / plot).is_file(), plot
+    assert "cell_output" in html
+
+
+@pytest.mark.parametrize("chapter", CHAPTER_PAGES)
+def test_chapter_has_launch_buttons(build, chapter):
+    html = page_html(chapter)
+    assert re.search(rf'href="https://mybinder\.org/v2/gh/[^"]+urlpath=lab/tree/{chapter}\.ipynb"', html)
+    assert re.search(rf'href="https://colab\.research\.google\.com/github/[^"]+/{chapter}\.ipynb"', html)
+
+
+def test_colab_install_cell_is_hidden(build):
+    for chapter in CHAPTER_PAGES:
+        assert "google.colab" not in page_html(chapter), chapter
+
+
+def test_exercise_pages_are_not_executed(build):
+    pages = sorted((HTML_DIR / "exercises").glob("*.html"))
+    assert pages, "no exercise pages in the book"
+    for page in pages:  # executing a blank exercise would raise NotImplementedError
+        assert 'class="cell_output' not in page.read_text(), f"{page.name} was executed"
+
+
+def test_widget_javascript_is_local_and_only_on_widget_pages(build):
+    pages = sorted(HTML_DIR.rglob("*.html"))
+    for page in pages:
+        html = page.read_text()
+        assert "cdnjs.cloudflare.com/ajax/libs/require.js" not in html, page
+        assert "html-manager@" not in html, page  # the CDN copy of the widget manager
+        has_widgets = WIDGET_STATE in html
+        assert ("jupyter-widgets/embed-amd.js" in html) == has_widgets, page
+    assert (HTML_DIR / "_static" / "jupyter-widgets" / "embed-amd.js").is_file()
+    assert (HTML_DIR / "_static" / "jupyter-widgets" / "require.js").is_file()
+
+
+def test_reference_pages(build):
+    bibliography = page_html("book/bibliography")
+    for title in ("Efficiently Scaling Transformer Inference", "Roofline", "SmolLM2"):
+        assert title in bibliography
+    glossary = page_html("book/glossary")
+    for term in ("TTFT", "TPOT", "Arithmetic intensity", "Ridge point", "KV cache"):
+        assert term in glossary
+    assert "make book" in page_html("book/setup")
+
+
+def test_intro_links_every_chapter(build):
+    intro = page_html("book/intro")
+    for chapter in CHAPTER_PAGES:
+        assert f'href="../{chapter}.html"' in intro, chapter
+

@@ -1,0 +1,126 @@
+"""Open every page of the built book in headless Chromium, as a reader offline would.
+
+For each page: no JavaScript exception, no console error and no failed request except requests to
+other hosts (the browser is made to resolve no host but 127.0.0.1, so every CDN request fails, as
+it would offline), every image (plots included) decoded, widgets rendered from the vendored
+JavaScript, and on notebook pages the Binder and Colab launch buttons. A full-page screenshot of
+each page is saved under _build/screenshots/ for a person to look at.
+
+Needs Debian's `chromium` (the Makefile's `browser` step installs it as root); skipped without it.
+"""
+
+import functools
+import http.server
+import threading
+from urllib.parse import urlparse
+
+import pytest
+
+from book_build import REPO, built_book, missing_toc_files, toc_files
+from chromium_cdp import Chromium, find_chromium
+
+pytestmark = pytest.mark.slow
+
+SCREENSHOTS = REPO / "_build" / "screenshots"
+PAGES = toc_files() + [f"exercises/{p.stem}" for p in sorted((REPO / "exercises").glob("*.ipynb"))]
+NOTEBOOK_PAGES = {p for p in PAGES if (REPO / f"{p}.ipynb").is_file()}
+SERVER_HOST = "127.0.0.1"
+
+# Resolves once every image has loaded or failed, and every saved widget view has been drawn
+# (html-manager inserts a .widget-subarea before each view it renders), or after 20 s.
+WAIT_FOR_IMAGES_AND_WIDGETS = """
+new Promise(resolve => {
+  const started = Date.now();
+  (function poll() {
+    const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length;
+    const drawn = document.querySelectorAll('.widget-subarea').length;
+    const images = Array.from(document.images).every(img => img.complete);
+    if ((images && drawn >= views) || Date.now() - started > 20000) resolve({views, drawn});
+    else setTimeout(poll, 200);
+  })();
+})
+"""
+BROKEN_IMAGES = """
+Array.from(document.images)
+  .filter(img => !(img.complete && img.naturalWidth > 0))
+  .map(img => img.currentSrc || img.src)
+"""
+LAUNCH_LINKS = """
+Array.from(document.querySelectorAll('a[href]')).map(a => a.href)
+  .filter(h => h.startsWith('https://mybinder.org/') || h.startsWith('https://colab.research.google.com/'))
+"""
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site_url():
+    if find_chromium() is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium; `make test` does it as root)")
+    if missing_toc_files():
+        pytest.fail(f"_toc.yml lists pages that do not exist yet: {missing_toc_files()}")
+    build = built_book()
+    if build.returncode != 0:
+        pytest.fail("the book build failed (see test_book.py and _build/book-build.log)")
+    handler = functools.partial(_QuietHandler, directory=str(build.html_dir))
+    server = http.server.ThreadingHTTPServer((SERVER_HOST, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{SERVER_HOST}:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser(site_url):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with Chromium(find_chromium()) as chromium:
+        yield chromium
+
+
+def is_local(url: str) -> bool:
+    return urlparse(url.split(" ", 1)[0]).hostname in (SERVER_HOST, None)
+
+
+def local_errors(report) -> list[str]:
+    """Console errors and failed requests that concern this site (other hosts are blocked)."""
+    errors = []
+    for failure in report.failed_requests:
+        if is_local(failure) and not failure.split(" ", 1)[0].endswith("/favicon.ico"):
+            errors.append(f"request failed: {failure}")
+    for message in report.console_errors:
+        source = message.rsplit("[", 1)[-1].rstrip("]") if message.endswith("]") else ""
+        blocked = "Failed to load resource" in message and source and not is_local(source)
+        if not blocked and not source.endswith("/favicon.ico"):
+            errors.append(f"console: {message}")
+    return errors
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_in_browser(browser, site_url, page):
+    tab = browser.open(f"{site_url}/{page}.html")
+    try:
+        widgets = tab.evaluate(WAIT_FOR_IMAGES_AND_WIDGETS, await_promise=True)
+        browser.pump(0.5)  # late console messages
+        tab.screenshot(str(SCREENSHOTS / f"{page.replace('/', '__')}.png"))
+        report = tab.report()
+        broken_images = tab.evaluate(BROKEN_IMAGES)
+        launch_links = tab.evaluate(LAUNCH_LINKS)
+        title = tab.evaluate("document.querySelector('h1') ? document.querySelector('h1').textContent : ''")
+    finally:
+        tab.close()
+
+    assert not report.exceptions, f"JavaScript exceptions on {page}: {report.exceptions}"
+    assert not local_errors(report), f"errors on {page}: {local_errors(report)}"
+    assert not broken_images, f"images that did not load on {page}: {broken_images}"
+    assert widgets["drawn"] >= widgets["views"], f"{page}: {widgets['drawn']} of {widgets['views']} widgets drawn"
+    assert title.strip(), f"{page} has no title"
+    if page in NOTEBOOK_PAGES:
+        assert any(link.startswith("https://mybinder.org/v2/gh/") and link.endswith(f"{page}.ipynb")
+                   for link in launch_links), f"no Binder button on {page}: {launch_links}"  # fmt: skip
+        assert any(link.startswith("https://colab.research.google.com/github/") and link.endswith(f"{page}.ipynb")
+                   for link in launch_links), f"no Colab button on {page}: {launch_links}"  # fmt: skip
+
