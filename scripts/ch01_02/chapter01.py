@@ -160,13 +160,16 @@ def cells():
         left.plot(fit_x, intercept_ms + slope_ms * fit_x, "--", color="C0", alpha=0.6,
                   label=f"{intercept_ms:.0f} ms + {slope_ms:.2f} ms/token")
         left.set(xlabel="prompt length (tokens)", ylabel="TTFT (ms)", title="Prefill: time to first token")
+        left.set_ylim(bottom=0)
         left.legend()
         right.plot(prompt_lengths, tpot_ms, "o-", color="C1", label="decode: time per output token")
         right.plot(prompt_lengths, ttft_ms / np.array(prompt_lengths), "s-", color="C0",
                    label="prefill: time per prompt token")
         right.set(xlabel="prompt length (tokens)", ylabel="ms per token", xscale="log",
-                  title="Decode: time per output token", ylim=(0, 1.2 * max(tpot_ms.max(), ttft_ms[0] / prompt_lengths[0])))
+                  title="Cost per token: decode vs prefill",
+                  ylim=(0, 1.2 * max(tpot_ms.max(), ttft_ms[0] / prompt_lengths[0])))
         right.set_xticks(prompt_lengths, [str(n) for n in prompt_lengths])
+        right.minorticks_off()
         right.legend()
         fig.tight_layout()
         plt.show()

@@ -244,6 +244,7 @@ def cells():
         ax.set(xscale="log", yscale="log", xlabel="matrix size n ([n x n] @ [n x n])",
                ylabel="time per call (µs)", title="Tiny matmuls are overhead-bound")
         ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.minorticks_off()
         ax.legend()
         plt.show()
         """),
@@ -263,18 +264,18 @@ def cells():
         context, as the batch grows:
         """),
         code("""
-        print(f"{'batch':>6} {'FLOPs/byte':>11} {'bound on H100':>14} {'on this CPU':>12}")
-        for batch in [1, 4, 16, 64, 256]:
+        print(f"{'batch':>6} {'FLOPs/byte':>11} {'KV share of bytes':>18} {'on an H100':>11}")
+        for batch in [1, 4, 16, 64, 256, 1024]:
             step = cost.step("llama-3-8b", batch=batch, context=1024, weight_dtype="bf16")
-            bound_h100 = "compute" if step.arithmetic_intensity >= h100.ridge_point("bf16") else "memory"
-            bound_cpu = "compute" if step.arithmetic_intensity >= peak / bandwidth else "memory"
-            print(f"{batch:>6} {step.arithmetic_intensity:>11.2f} {bound_h100:>14} {bound_cpu:>12}")
+            bound = "compute" if step.arithmetic_intensity >= h100.ridge_point("bf16") else "memory"
+            print(f"{batch:>6} {step.arithmetic_intensity:>11.2f} {step.kv_bytes / step.total_bytes:>17.0%} {bound + '-bound':>15}")
         """),
         md("""
         At batch 1 the intensity is about one FLOP per byte, so decode runs at the bandwidth slope
         of the roofline and the arithmetic units of any modern chip sit mostly idle. Batching raises
-        the intensity because the weights are read once for the whole batch, until the KV cache,
-        which every sequence reads for itself, grows to dominate the bytes (chapters 4 and 6).
+        the intensity because the weights are read once for the whole batch, but only until the KV
+        cache, which every sequence reads for itself, dominates the bytes; at this context the
+        intensity levels off below the H100's ridge however large the batch (chapters 4 to 6).
         Chapter 3 turns the slope into a speed limit for decode: tokens/s ≤ bandwidth ÷ bytes per
         step.
 
