@@ -50,10 +50,14 @@ browser:
 	fi
 
 # Executes every chapter (results cached in _build/.jupyter_cache, so an unchanged chapter is not
-# rerun) and writes _build/html. --all rereads every page, so a warning is never hidden by an
-# earlier build; the log is what tests/test_book.py reuses with MEMWALL_REUSE_BUILD=1.
+# rerun) and writes _build/html. The cache only knows the notebooks, so it is dropped whenever
+# memwall's code changed since the last build. --all rereads every page, so a warning is never
+# hidden by an earlier build; the log is what tests/test_book.py reuses with MEMWALL_REUSE_BUILD=1.
+JUPYTER_CACHE_DB := _build/.jupyter_cache/global.db
 book: $(STAMP)
 	@mkdir -p _build
+	@if [ -f $(JUPYTER_CACHE_DB) ] && [ -n "$$(find memwall -name '*.py' -newer $(JUPYTER_CACHE_DB) | head -1)" ]; then \
+	    echo "memwall changed since the last build: rerunning every chapter"; rm -rf _build/.jupyter_cache; fi
 	$(BIN)/jupyter-book build . -W --keep-going --all 2>&1 | tee $(BOOK_LOG); \
 	    status=$${PIPESTATUS[0]}; echo "exit status $$status" >> $(BOOK_LOG); exit $$status
 

@@ -90,8 +90,25 @@ def _reusable_build() -> BookBuild | None:
     return BookBuild(0, log, HTML_DIR, reused=True)
 
 
+def drop_stale_execution_cache(book_root: Path = REPO) -> bool:
+    """Delete the chapters' execution cache if memwall's code changed since the last build.
+
+    jupyter-cache reruns a notebook only when its own cells change; outputs made by older memwall
+    code would otherwise be reused. (The Makefile's `book` target does the same.)
+    """
+    database = book_root / "_build" / ".jupyter_cache" / "global.db"
+    if not database.is_file():
+        return False
+    built = database.stat().st_mtime
+    if any(p.stat().st_mtime > built for p in (book_root / "memwall").rglob("*.py")):
+        shutil.rmtree(database.parent)
+        return True
+    return False
+
+
 def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookBuild:
     """Run jupyter-book on book_root; the log is also written to <book_root>/_build/book-build.log."""
+    drop_stale_execution_cache(book_root)
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
     command = [str(jupyter_book) if jupyter_book.exists() else "jupyter-book",
                "build", str(book_root), "-W", "--keep-going", "--all", *extra_args]  # fmt: skip
