@@ -15,6 +15,9 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: running notebooks were stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,9 @@ SKIPPED_SOURCE = (
     'because in the first run it {reason}")'
 )
 LOG_TAIL_CHARACTERS = 2000
+# Process groups of the pytest runs in flight, so an interrupted grader can end them all.
+_RUNNING_GROUPS = set()
+_RUNNING_LOCK = threading.Lock()
 
 
 @dataclass
@@ -128,12 +132,17 @@ def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None) -> NotebookR
                 command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=child_environment(threads), start_new_session=True,
             )  # fmt: skip
+            with _RUNNING_LOCK:
+                _RUNNING_GROUPS.add(process.pid)
             try:
                 result.returncode = process.wait(timeout=wall_timeout)
             except subprocess.TimeoutExpired:
                 result.wall_timeout = True
                 kill_group(process.pid)
                 result.returncode = process.wait()
+            finally:
+                with _RUNNING_LOCK:
+                    _RUNNING_GROUPS.discard(process.pid)
         signed = read_records(results_path)
         records = [record for record in (verify(key, raw) for raw in signed) if record is not None]
         result.forged_records = len(signed) - len(records)
@@ -171,6 +180,14 @@ def read_records(path: Path) -> list:
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
     return records
+
+
+def kill_running_notebooks():
+    """Kill every pytest run in flight (their kernels notice their parent died and exit)."""
+    with _RUNNING_LOCK:
+        groups = list(_RUNNING_GROUPS)
+    for pid in groups:
+        kill_group(pid)
 
 
 def kill_group(pid):

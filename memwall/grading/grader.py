@@ -19,7 +19,7 @@ import nbformat
 
 from memwall.grading.cells import check_cells
 from memwall.grading.checking import PASS_MARK
-from memwall.grading.execute import run_notebook
+from memwall.grading.execute import kill_running_notebooks, run_notebook
 from memwall.grading.restore import restore_submission
 from memwall.grading.submissions import Submission, find_submissions
 from memwall.grading.tampering import tampering_flags
@@ -79,13 +79,20 @@ def grade(
     jobs = max(1, int(jobs))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     rows = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [
-            pool.submit(grade_submission, submission, solutions, timeout, cell_timeout, threads)
-            for submission in submissions
-        ]
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [
+        pool.submit(grade_submission, submission, solutions, timeout, cell_timeout, threads)
+        for submission in submissions
+    ]
+    try:
         for future in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="nb", disable=not progress):
             rows.append(future.result())
+    except KeyboardInterrupt:
+        # Ctrl-C should stop now, not after every queued notebook has run to its timeout.
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_running_notebooks()
+        raise
+    pool.shutdown()
     rows.sort(key=lambda row: (row.student, row.notebook))
     write_csv(rows, out_csv)
     if feedback_dir is not None:
