@@ -1,0 +1,151 @@
+"""Checks for chapter 5 (grouped-query and multi-query attention).
+
+1. ``ch05.kv_bytes_per_token``: what one token adds to the cache, for any number of KV heads.
+2. ``ch05.max_users``: how many sequences fit next to the weights (the calculator's "max users").
+3. ``ch05.mean_pool_heads``: mean-pool KV heads (Ainslie et al. 2023); graded on the attention
+   output that the pooled keys and values produce, against a reference pooling.
+"""
+
+import math
+
+from memwall.grading import compare_function, register
+
+CASES_PER_CHECK = 12
+
+
+# ---- 1. KV bytes per token ----------------------------------------------------------------------------
+
+def reference_kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_element):
+    # a key and a value vector per KV head, in every layer
+    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element
+
+
+@register("ch05.kv_bytes_per_token", wrong_answers=[
+    lambda n_layers, n_kv_heads, head_dim, bytes_per_element: n_layers * n_kv_heads * head_dim * bytes_per_element,
+    lambda n_layers, n_kv_heads, head_dim, bytes_per_element: 2 * n_layers * n_kv_heads * head_dim,
+])
+def check_kv_bytes_per_token(student, rng):
+    cases = [dict(n_layers=rng.randint(1, 128), n_kv_heads=rng.choice([1, 2, 4, 5, 8, 16, 32, 64]),
+                  head_dim=rng.choice([64, 80, 96, 128, 256]), bytes_per_element=rng.choice([0.5, 1, 2, 4]))
+             for _ in range(CASES_PER_CHECK)]
+    return compare_function(student, reference_kv_bytes_per_token, cases, rtol=1e-9)
+
+
+# ---- 2. max users --------------------------------------------------------------------------------------
+
+def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context):
+    free = memory_bytes - weight_bytes
+    if free <= 0:
+        return 0  # the weights alone do not fit
+    return math.floor(free / (context * kv_bytes_per_token))
+
+
+@register("ch05.max_users", wrong_answers=[
+    lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: (memory_bytes - weight_bytes) / (context * kv_bytes_per_token),
+    lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor(memory_bytes / (context * kv_bytes_per_token)),
+    lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor((memory_bytes - weight_bytes) / (context * kv_bytes_per_token)),
+])
+def check_max_users(student, rng):
+    cases = []
+    for number in range(CASES_PER_CHECK):
+        memory = rng.choice([16e9, 24e9, 40e9, 80e9, 141e9])
+        # a third of the cases have weights that do not fit
+        weights = memory * (rng.uniform(1.01, 3) if number % 3 == 0 else rng.uniform(0.05, 0.95))
+        cases.append(dict(memory_bytes=memory, weight_bytes=weights,
+                          kv_bytes_per_token=rng.choice([4096, 32768, 46080, 131072, 327680, 524288]),
+                          context=rng.choice([512, 2048, 4096, 8192, 32768, 131072])))
+    return compare_function(student, reference_max_users, cases)
+
+
+# ---- 3. mean-pooling KV heads ------------------------------------------------------------------------
+
+def reference_mean_pool_heads(kv, n_groups):
+    """kv [batch, kv_heads, tokens, head_dim] -> [batch, n_groups, tokens, head_dim]: group g is the
+    mean of the consecutive heads g*r ... (g+1)*r - 1, r = kv_heads / n_groups."""
+    batch, heads, tokens, head_dim = kv.shape
+    return kv.reshape(batch, n_groups, heads // n_groups, tokens, head_dim).mean(dim=2)
+
+
+def grouped_attention(q, k, v):
+    """Softmax attention where query head h reads KV head h // (query heads / KV heads)."""
+    from memwall.engine.layers import attend
+
+    return attend(q, k, v)
+
+
+def attention_after_pooling(pool, q, k, v, n_groups):
+    """The attention output once `pool` has turned k and v into n_groups KV heads."""
+    import torch
+
+    pooled_k, pooled_v = (torch.as_tensor(pool(t.clone(), n_groups), dtype=torch.float64) for t in (k, v))
+    expected_shape = (k.shape[0], n_groups, k.shape[2], k.shape[3])
+    if tuple(pooled_k.shape) != expected_shape:
+        raise ValueError(f"expected pooled shape {expected_shape}, got {tuple(pooled_k.shape)}")
+    return grouped_attention(q, pooled_k, pooled_v)
+
+
+def _sum_heads(kv, n_groups):
+    b, h, t, d = kv.shape
+    return kv.reshape(b, n_groups, h // n_groups, t, d).sum(dim=2)
+
+
+def _strided_groups(kv, n_groups):  # groups heads g, g + n_groups, ... instead of neighbours
+    b, h, t, d = kv.shape
+    return kv.reshape(b, h // n_groups, n_groups, t, d).mean(dim=1)
+
+
+def _first_of_group(kv, n_groups):
+    return kv[:, ::kv.shape[1] // n_groups]
+
+
+def draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed):
+    """Random q [batch, n_heads, tokens, head_dim] and k, v with kv_heads heads (float64)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, heads, tokens, head_dim, generator=generator, dtype=torch.float64)
+                 for heads in (n_heads, kv_heads, kv_heads))
+
+
+@register("ch05.mean_pool_heads", wrong_answers=[_sum_heads, _strided_groups, _first_of_group])
+def check_mean_pool_heads(student, rng):
+    cases = []
+    for number in range(CASES_PER_CHECK):
+        # every other case keeps several groups, so that which heads are grouped together matters
+        kv_heads = rng.choice([4, 6, 8] if number % 2 == 0 else [2, 4, 6, 8])
+        groups = [g for g in range(2 if number % 2 == 0 else 1, kv_heads) if kv_heads % g == 0]
+        cases.append(dict(batch=rng.randint(1, 2), n_heads=kv_heads * rng.choice([1, 2]), kv_heads=kv_heads,
+                          tokens=rng.randint(1, 7), head_dim=rng.choice([4, 8]), n_groups=rng.choice(groups),
+                          seed=rng.randrange(2**31)))
+
+    def attention_with_your_pooling(batch, n_heads, kv_heads, tokens, head_dim, n_groups, seed):
+        q, k, v = draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed)
+        return attention_after_pooling(student, q, k, v, n_groups)
+
+    def attention_with_reference_pooling(batch, n_heads, kv_heads, tokens, head_dim, n_groups, seed):
+        q, k, v = draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed)
+        return attention_after_pooling(reference_mean_pool_heads, q, k, v, n_groups)
+
+    return compare_function(attention_with_your_pooling, attention_with_reference_pooling, cases, rtol=1e-6, atol=1e-9)
+
+
+def pooling_error(pool, n_groups, similarity=0.5, n_kv_heads=8, tokens=64, head_dim=32, seed=0):
+    """How far attention moves when `pool` merges n_kv_heads KV heads into n_groups (for the widget).
+
+    Each head's keys and values are similarity x a part shared by all heads + (1 - similarity) x
+    their own part. Returns |output after pooling - output before| / |output before|: 0 when all
+    heads are alike (similarity 1), large when they are unrelated, as in a model never trained to share.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def heads(count):
+        shared = torch.randn(1, 1, tokens, head_dim, generator=generator, dtype=torch.float64)
+        own = torch.randn(1, count, tokens, head_dim, generator=generator, dtype=torch.float64)
+        return similarity * shared + (1 - similarity) * own
+
+    q, k, v = heads(n_kv_heads), heads(n_kv_heads), heads(n_kv_heads)
+    before = grouped_attention(q, k, v)
+    after = attention_after_pooling(pool, q, k, v, n_groups)
+    return ((after - before).norm() / before.norm()).item()
