@@ -87,6 +87,15 @@ def test_widget_javascript_is_local_and_only_on_widget_pages(build):
     assert (HTML_DIR / "_static" / "jupyter-widgets" / "require.js").is_file()
 
 
+def test_mathjax_is_local(build):
+    for page in sorted(HTML_DIR.rglob("*.html")):
+        html = page.read_text()
+        assert "cdn.jsdelivr.net/npm/mathjax" not in html, page
+        if 'class="math' in html:
+            assert "_static/mathjax/tex-svg-full.js" in html, page
+    assert (HTML_DIR / "_static" / "mathjax" / "tex-svg-full.js").is_file()
+
+
 def test_reference_pages(build):
     bibliography = page_html("book/bibliography")
     for title in ("Efficiently Scaling Transformer Inference", "Roofline", "SmolLM2"):

@@ -3,7 +3,8 @@
 For each page: no JavaScript exception, no console error and no failed request except requests to
 other hosts (the browser is made to resolve no host but 127.0.0.1, so every CDN request fails, as
 it would offline), every image (plots included) decoded, widgets rendered from the vendored
-JavaScript, and on notebook pages the Binder and Colab launch buttons. A full-page screenshot of
+JavaScript, math typeset by the vendored MathJax, and on notebook pages the Binder and Colab
+launch buttons. A full-page screenshot of
 each page is saved under _build/screenshots/ for a person to look at.
 
 Needs Debian's `chromium` (the Makefile's `browser` step installs it as root); skipped without it.
@@ -26,17 +27,24 @@ PAGES = toc_files() + [f"exercises/{p.stem}" for p in sorted((REPO / "exercises"
 NOTEBOOK_PAGES = {p for p in PAGES if (REPO / f"{p}.ipynb").is_file()}
 SERVER_HOST = "127.0.0.1"
 
-# Resolves once every image has loaded or failed, and every saved widget view has been drawn
-# (html-manager inserts a .widget-subarea before each view it renders), or after 20 s.
-WAIT_FOR_IMAGES_AND_WIDGETS = """
+# Resolves once every image has loaded or failed, every saved widget view has been drawn
+# (html-manager inserts a .widget-subarea before each view it renders) and MathJax has typeset
+# the page, or after 20 s.
+WAIT_FOR_PAGE = """
 new Promise(resolve => {
   const started = Date.now();
-  (function poll() {
+  (async function poll() {
     const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length;
     const drawn = document.querySelectorAll('.widget-subarea').length;
     const images = Array.from(document.images).every(img => img.complete);
-    if ((images && drawn >= views) || Date.now() - started > 20000) resolve({views, drawn});
-    else setTimeout(poll, 200);
+    const mathjax = window.MathJax && window.MathJax.startup && window.MathJax.startup.promise;
+    const math = document.querySelectorAll('.math').length;
+    const typeset = !math || Boolean(mathjax);
+    if ((images && drawn >= views && typeset) || Date.now() - started > 20000) {
+      if (mathjax) await window.MathJax.startup.promise;
+      resolve({views, drawn, math, rendered: document.querySelectorAll('mjx-container').length,
+               math_errors: document.querySelectorAll('mjx-merror').length});
+    } else setTimeout(poll, 200);
   })();
 })
 """
@@ -103,7 +111,7 @@ def local_errors(report) -> list[str]:
 def test_page_in_browser(browser, site_url, page):
     tab = browser.open(f"{site_url}/{page}.html")
     try:
-        widgets = tab.evaluate(WAIT_FOR_IMAGES_AND_WIDGETS, await_promise=True)
+        state = tab.evaluate(WAIT_FOR_PAGE, await_promise=True)
         browser.pump(0.5)  # late console messages
         tab.screenshot(str(SCREENSHOTS / f"{page.replace('/', '__')}.png"))
         report = tab.report()
@@ -116,7 +124,9 @@ def test_page_in_browser(browser, site_url, page):
     assert not report.exceptions, f"JavaScript exceptions on {page}: {report.exceptions}"
     assert not local_errors(report), f"errors on {page}: {local_errors(report)}"
     assert not broken_images, f"images that did not load on {page}: {broken_images}"
-    assert widgets["drawn"] >= widgets["views"], f"{page}: {widgets['drawn']} of {widgets['views']} widgets drawn"
+    assert state["drawn"] >= state["views"], f"{page}: {state['drawn']} of {state['views']} widgets drawn"
+    assert state["rendered"] >= state["math"], f"{page}: {state['rendered']} of {state['math']} formulas typeset"
+    assert not state["math_errors"], f"{page}: {state['math_errors']} formulas MathJax could not parse"
     assert title.strip(), f"{page} has no title"
     if page in NOTEBOOK_PAGES:
         assert any(link.startswith("https://mybinder.org/v2/gh/") and link.endswith(f"{page}.ipynb")

@@ -171,6 +171,6 @@ def test_local_extensions_and_vendored_widget_files_exist():
     config = load_yaml("_config.yml")
     for name, folder in config["sphinx"]["local_extensions"].items():
         assert (REPO / folder / f"{name}.py").is_file()
-    vendor = REPO / "book" / "_vendor" / "jupyter-widgets"
-    for name in ("require.js", "embed-amd.js"):
+    vendor = REPO / "book" / "_vendor"
+    for name in ("jupyter-widgets/require.js", "jupyter-widgets/embed-amd.js", "mathjax/tex-svg-full.js"):
         assert (vendor / name).stat().st_size > 10_000
