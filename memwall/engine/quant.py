@@ -1,0 +1,255 @@
+"""Weight-only quantized linears whose storage is really packed: int8 per output channel, int4 per group.
+
+Weight-only quantization shrinks the bytes a decode step reads; the activations stay in floating
+point and each weight is turned back into a float ("dequantized") inside the matmul.
+
+- int8, per output channel, symmetric: w ~ q * s with q in [-127, 127] and one fp32 scale per row
+  (the absmax scheme LLM.int8() builds on, Dettmers et al. 2022, without its outlier split).
+  1 byte per weight plus 4 bytes per row.
+- int4, per group of `group_size` weights along the input dimension, asymmetric:
+  w ~ (q - 8) * s + z with q in [0, 15], and a bf16 scale s and bf16 offset z per group (the
+  layout of PyTorch's int4 kernels; GPTQ and AWQ store group-wise int4 the same way, Frantar et
+  al. 2022, Lin et al. 2023, but choose the codes more cleverly than the round-to-nearest used here).
+  Half a byte per weight plus 4 bytes per group: exactly `memwall.cost`'s "int4-g<group_size>".
+
+On CPU the matmul runs in PyTorch's packed kernels (`aten._weight_int8pack_mm`,
+`aten._weight_int4pack_mm_for_cpu`), which dequantize on the fly. `reference_forward` is the plain
+path (dequantize the whole matrix, then `F.linear`): it is used where a kernel does not exist, and
+tests check the kernels against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memwall.engine.linear import Linear
+
+SCHEMES = ("int8", "int4")
+INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what aten._weight_int4pack_mm_for_cpu accepts
+INT4_SCALE_DTYPE = torch.bfloat16              # 2 bytes for s and 2 for z: 4 bytes per group
+
+
+# ---- the formats, as plain tensor functions ---------------------------------------------------
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float -> (int8 codes [out, in], fp32 scales [out]), symmetric per output row."""
+    weight = weight.float()
+    scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return codes.float() * scales[:, None].float()
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float -> (codes [out, in] as uint8 in 0..15, scale_zero [in/group, out, 2] bf16).
+
+    Each group of `group_size` consecutive inputs of a row maps its [min, max] onto codes 0..15.
+    Codes are rounded against the stored (bf16) scale and offset, so w - dequantized is at most
+    about half a step.
+    """
+    out_features, in_features = weight.shape
+    _check_group_size(group_size, in_features)
+    groups = weight.float().reshape(out_features, in_features // group_size, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-8).to(INT4_SCALE_DTYPE).float()
+    zero = (low + 8 * scale).to(INT4_SCALE_DTYPE).float()  # the value of the middle code, 8
+    codes = torch.round((groups - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
+    scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(INT4_SCALE_DTYPE).contiguous()
+    return codes.reshape(out_features, in_features).to(torch.uint8), scale_zero
+
+
+def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Inverse of `quantize_int4`: (q - 8) * s + z, as fp32 [out, in]."""
+    out_features, in_features = codes.shape
+    scale, zero = scale_zero.float().transpose(0, 1).unbind(-1)  # each [out, groups]
+    groups = codes.float().reshape(out_features, -1, group_size)
+    return ((groups - 8) * scale[..., None] + zero[..., None]).reshape(out_features, in_features)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes per byte along the last dim: even index in the low nibble, odd in the high."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"the last dimension must be even to pack pairs, got {codes.shape[-1]}")
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_int4`: [..., n] bytes -> [..., 2n] codes in 0..15."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+def _check_group_size(group_size: int, in_features: int) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
+        raise ValueError(f"group_size must be an even integer >= 2 (e.g. 32, 64, 128), got {group_size!r}")
+    if in_features % group_size:
+        divisors = [g for g in range(2, in_features + 1, 2) if in_features % g == 0 and g >= 16]
+        raise ValueError(f"group_size {group_size} does not divide in_features {in_features}; "
+                         f"group sizes that do: {', '.join(map(str, divisors[:8]))}")
+
+
+# ---- PyTorch's CPU int4 kernel layout -------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def cpu_int4_block() -> int | None:
+    """Rows per block in the layout `aten._convert_weight_to_int4pack_for_cpu` produces, or None.
+
+    The kernel stores [N, K] codes as [N/B, K, B/2] bytes: for each block of B output rows and each
+    input k, byte j holds row j in its low nibble and row j + B/2 in its high one (B is 64 with
+    AVX-512 and 32 with AVX2). Which B applies depends on the CPU, so find it by packing a probe
+    and checking which layout reproduces it; None if none does (or the kernel is missing), in
+    which case int4 layers keep the plain layout and use the reference path.
+    """
+    probe = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    try:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    except (AttributeError, RuntimeError):
+        return None
+    for block in (64, 32):
+        if torch.equal(from_cpu_kernel_layout(packed, block), probe.to(torch.uint8)):
+            return block
+    return None
+
+
+def from_cpu_kernel_layout(packed: torch.Tensor, block: int) -> torch.Tensor:
+    """[N, K/2] bytes in the CPU kernel's blocked layout -> codes [N, K] (N a multiple of `block`)."""
+    rows, half_k = packed.shape
+    blocks = packed.reshape(rows // block, 2 * half_k, block // 2)  # [N/B, K, B/2]
+    codes = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)           # [N/B, K, B]: rows j, then j + B/2
+    return codes.transpose(1, 2).reshape(rows, 2 * half_k)
+
+
+# ---- the layers --------------------------------------------------------------------------------------
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W stored as int8 codes [out, in] and one fp32 scale per output row."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("codes", codes.to(torch.int8).contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.float().clone())
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        return cls(*quantize_int8(weight), bias)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized W [out, in] (a new fp32 tensor, for inspection)."""
+        return dequantize_int8(self.codes, self.scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _int8_kernel_ok(x):
+            return self.reference_forward(x)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8 per channel"
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W as packed 4-bit codes and a bf16 (scale, offset) pair per group."""
+
+    def __init__(self, codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        _check_group_size(group_size, self.in_features)
+        self.group_size = group_size
+        block = cpu_int4_block() if codes.device.type == "cpu" else None
+        self.kernel_layout = (block is not None and group_size in INT4_KERNEL_GROUP_SIZES
+                              and self.out_features % block == 0)
+        if self.kernel_layout:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        else:
+            packed = pack_int4(codes)
+        self.block = block if self.kernel_layout else None
+        self.register_buffer("packed", packed.contiguous())  # [out, in/2] uint8: half a byte per weight
+        self.register_buffer("scale_zero", scale_zero.to(INT4_SCALE_DTYPE).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.float().clone())
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    group_size: int = 32) -> "Int4Linear":
+        return cls(*quantize_int4(weight, group_size), group_size, bias)
+
+    def codes(self) -> torch.Tensor:
+        """The 4-bit codes [out, in], unpacked from whichever layout they are stored in."""
+        if self.kernel_layout:
+            return from_cpu_kernel_layout(self.packed, self.block)
+        return unpack_int4(self.packed)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return dequantize_int4(self.codes(), self.scale_zero, self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.kernel_layout and x.device.type == "cpu"):
+            return self.reference_forward(x)
+        # The kernel wants activations in the scales' dtype (bf16); it accumulates in fp32.
+        rows = x.reshape(-1, self.in_features).to(INT4_SCALE_DTYPE)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scale_zero)
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        where = "CPU kernel layout" if self.kernel_layout else "plain layout"
+        return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}, {where}"
+
+
+def _int8_kernel_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+# ---- one call for a whole model ----------------------------------------------------------------------
+
+def quantize(model: nn.Module, scheme: str, group_size: int = 32, inplace: bool = True,
+             include_lm_head: bool = True) -> nn.Module:
+    """Swap every engine `Linear` in `model` for an Int8Linear or Int4Linear (in place, or a copy).
+
+    The token embedding stays in floating point: a step reads one row of it. With
+    `include_lm_head=False` the output head keeps its float weights too.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"Unknown quantization scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, Linear) and (include_lm_head or name != "lm_head")]
+    if scheme == "int4":  # check every layer before changing any
+        for name, module in targets:
+            try:
+                _check_group_size(group_size, module.in_features)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+    target = model
+    if not inplace:
+        # Copy everything but the float weights about to be replaced (they would be thrown away).
+        skip = {id(module.stored): torch.empty(0) for _, module in targets}
+        target = copy.deepcopy(model, memo=skip)
+    for name, old in targets:
+        bias = None if old.bias is None else old.bias.detach()
+        with torch.no_grad():
+            if scheme == "int8":
+                new = Int8Linear.from_weight(old.weight.detach(), bias)
+            else:
+                new = Int4Linear.from_weight(old.weight.detach(), bias, group_size)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(target.get_submodule(parent_name), attr, new)
+    return target

@@ -1,0 +1,152 @@
+"""Weight-only int8/int4 linears: packing round trips, kernels against the reference path, bytes."""
+
+import pytest
+import torch
+
+from memwall import cost
+from memwall.engine import Transformer
+from memwall.engine.linear import Linear
+from memwall.engine.quant import (Int4Linear, Int8Linear, cpu_int4_block, dequantize_int4, dequantize_int8,
+                                  from_cpu_kernel_layout, pack_int4, quantize, quantize_int4, quantize_int8,
+                                  unpack_int4)
+
+
+def state_bytes(module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+@pytest.mark.parametrize("shape", [(2,), (3, 8), (5, 7, 64)])
+def test_int4_pack_unpack_is_exact(shape):
+    codes = torch.randint(0, 16, shape, generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    packed = pack_int4(codes)
+    assert packed.dtype == torch.uint8 and packed.shape[-1] == shape[-1] // 2  # half a byte per code
+    assert torch.equal(unpack_int4(packed), codes)
+
+
+def test_pack_int4_puts_even_index_in_low_nibble():
+    assert pack_int4(torch.tensor([0x3, 0xA], dtype=torch.uint8)).item() == 0xA3
+    with pytest.raises(ValueError, match="even"):
+        pack_int4(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_int8_round_trip_error_is_at_most_half_a_step():
+    weight = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)) * 3
+    codes, scales = quantize_int8(weight)
+    assert codes.dtype == torch.int8 and codes.abs().max() <= 127 and scales.shape == (64,)
+    error = (dequantize_int8(codes, scales) - weight).abs()
+    assert (error <= scales[:, None] / 2 * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("group_size", [16, 32, 64])
+def test_int4_round_trip_error_is_about_half_a_step(group_size):
+    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(2))
+    codes, scale_zero = quantize_int4(weight, group_size)
+    assert codes.max() <= 15 and scale_zero.shape == (128 // group_size, 48, 2)
+    step = scale_zero[..., 0].float().t().repeat_interleave(group_size, dim=1)
+    error = (dequantize_int4(codes, scale_zero, group_size) - weight).abs()
+    assert (error <= step * 0.51).all()  # half a step, plus the bf16 rounding of the offset
+
+
+def test_cpu_kernel_layout_is_understood():
+    block = cpu_int4_block()
+    if block is None:
+        pytest.skip("no PyTorch CPU int4 kernel here")
+    codes = torch.randint(0, 16, (2 * block, 96), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    assert packed.numel() == codes.numel() // 2
+    assert torch.equal(from_cpu_kernel_layout(packed, block), codes.to(torch.uint8))
+
+
+def test_int8_kernel_matches_reference_path():
+    weight = torch.randn(96, 160, generator=torch.Generator().manual_seed(4))
+    layer = Int8Linear.from_weight(weight, bias=torch.randn(96))
+    x = torch.randn(2, 3, 160, generator=torch.Generator().manual_seed(5))
+    ours = layer(x)
+    assert ours.shape == (2, 3, 96)
+    torch.testing.assert_close(ours, layer.reference_forward(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("out_features,group_size", [(64, 32), (128, 64), (96, 32), (40, 32)])
+def test_int4_kernel_matches_reference_path(out_features, group_size):
+    weight = torch.randn(out_features, 128, generator=torch.Generator().manual_seed(6))
+    layer = Int4Linear.from_weight(weight, group_size=group_size)
+    for rows in (1, 5):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+        ours = layer(x)
+        # The kernel takes bf16 activations and returns bf16: compare at that precision.
+        reference = layer.reference_forward(x.bfloat16().float())
+        assert (ours - reference).abs().max() <= 1e-2 * reference.abs().max()
+
+
+def test_int4_codes_survive_either_storage_layout():
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+    codes, scale_zero = quantize_int4(weight, 32)
+    layer = Int4Linear(codes, scale_zero, 32)
+    assert torch.equal(layer.codes(), codes)
+    assert torch.equal(layer.weight, dequantize_int4(codes, scale_zero, 32))
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_layer_bytes_match_the_cost_model(group_size):
+    layer = Int4Linear.from_weight(torch.randn(64, 192), group_size=group_size)
+    assert state_bytes(layer) == 64 * 192 * cost.bytes_per_element(f"int4-g{group_size}")
+
+
+def test_int8_layer_bytes_are_one_per_weight_plus_a_scale_per_row():
+    layer = Int8Linear.from_weight(torch.randn(64, 192))
+    assert state_bytes(layer) == 64 * 192 * cost.bytes_per_element("int8") + 64 * 4
+
+
+def test_quantize_swaps_every_linear_and_can_copy(tiny_engine):
+    copy = quantize(tiny_engine, "int4", group_size=32, inplace=False)
+    assert isinstance(tiny_engine.lm_head, Linear) and tiny_engine.lm_head.stored.numel() == 64 * 256  # untouched
+    assert not any(isinstance(m, Linear) for m in copy.modules())
+    assert isinstance(copy.lm_head, Int4Linear) and isinstance(copy.blocks[0].mlp.down, Int4Linear)
+    kept = quantize(tiny_engine, "int8", inplace=False, include_lm_head=False)
+    assert isinstance(kept.lm_head, Linear) and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
+
+
+def test_quantized_tiny_model_predicts_like_fp32(tiny_engine):
+    model = quantize(tiny_engine, "int8", inplace=False)
+    tokens = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        agreement = (model(tokens).argmax(-1) == tiny_engine(tokens).argmax(-1)).float().mean().item()
+    assert agreement >= 0.85  # a random model with sharpened weights amplifies every rounding error
+
+
+def test_quantize_rejects_bad_input(tiny_engine):
+    with pytest.raises(ValueError, match="int8, int4"):
+        quantize(tiny_engine, "int3", inplace=False)
+    with pytest.raises(ValueError, match="does not divide"):
+        quantize(tiny_engine, "int4", group_size=48, inplace=False)  # d_model 64
+
+
+@pytest.mark.parametrize("scheme,group_size,dtype,min_agreement",
+                         [("int8", 32, "int8", 0.9), ("int4", 32, "int4-g32", 0.9), ("int4", 64, "int4-g64", 0.7)])
+def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme, group_size, dtype, min_agreement):
+    spec = "smollm2-135m"
+    assert smollm2_engine.weight_bytes_per_step() == pytest.approx(cost.weight_bytes(spec, "fp32"), rel=1e-3)
+    model = quantize(smollm2_engine, scheme, group_size=group_size, inplace=False)
+    # What differs from the cost model: fp32 norms and one embedding row (both tiny), int8's row scales.
+    assert model.weight_bytes_per_step() == pytest.approx(cost.weight_bytes(spec, dtype), rel=0.01)
+    linears = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
+    assert len(linears) == 4 * 30 + 1
+    assert sum(state_bytes(m) for m in linears) == sum(
+        m.out_features * m.in_features * cost.bytes_per_element(dtype)
+        + (4 * m.out_features if scheme == "int8" else 0) for m in linears)
+
+    text = ("The tide comes in twice a day along most of the coast, and people who live by the sea learn "
+            "its rhythm without thinking about the moon. Fishermen know when the water will be low.")
+    tokens = torch.tensor([smollm2[1](text)["input_ids"]])
+    with torch.inference_mode():
+        agreement = (model(tokens).argmax(-1) == smollm2_engine(tokens).argmax(-1)).float().mean().item()
+    assert agreement >= min_agreement
+
+
+def test_group_128_does_not_fit_smollm2(smollm2_engine):
+    with pytest.raises(ValueError, match="576"):
+        quantize(smollm2_engine, "int4", group_size=128, inplace=False)
+
+
+def test_transformer_type_is_kept(tiny_engine):
+    assert isinstance(quantize(tiny_engine, "int8", inplace=False), Transformer)
