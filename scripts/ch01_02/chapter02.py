@@ -64,7 +64,10 @@ def cells():
             return 2 * m * k * n, (m * k + k * n + m * n) * bytes_per_element
 
 
-        K = N = 4096
+        # A GPU, if there is one, else the CPU; the weight must be much larger than the last-level
+        # cache (32 MiB of L3 on the course machine, ~50 MiB of L2 on an H100) to time memory.
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        K = N = 4096 if device.type == "cpu" else 8192
         rows = [2**i for i in range(13)]  # M = 1, 2, 4, ..., 4096
         print(f"[M x {K}] @ [{K} x {N}]")
         print(f"{'M':>5} {'GFLOPs':>9} {'MB fp32':>9} {'FLOPs/byte fp32':>16} {'FLOPs/byte bf16':>16}")
@@ -83,7 +86,7 @@ def cells():
         """),
         code("""
         started = time.perf_counter()
-        measured = hardware.measure()
+        measured = hardware.measure(device)
         this_machine = measured.as_hardware()
         peak, bandwidth = measured.flops["fp32"], measured.bandwidth
         print(f"{measured.device}, {measured.threads} threads (measured in {time.perf_counter() - started:.1f} s)")
@@ -93,7 +96,7 @@ def cells():
         h100 = hardware.CATALOG["h100-sxm"]
         print(f"\\nH100 SXM (datasheet): {h100.memory_bandwidth / 1e12:.2f} TB/s, "
               f"{h100.flops('bf16') / 1e12:.0f} dense bf16 TFLOP/s, ridge {h100.ridge_point('bf16'):.0f} FLOPs per byte")
-        print(f"the H100 computes {h100.flops('bf16') / peak:,.0f}× faster than this CPU, "
+        print(f"the H100 computes {h100.flops('bf16') / peak:,.0f}× faster than this {device.type.upper()} in fp32, "
               f"but streams memory only {h100.memory_bandwidth / bandwidth:,.0f}× faster")
         """),
         md("""
@@ -106,9 +109,10 @@ def cells():
 
         ## Matmuls from 1 to 4,096 rows
 
-        Now the experiment. The weight is $4096 \\times 4096$ in fp32, 64 MiB: larger than this CPU's
-        last-level cache, so a small-$M$ matmul has to stream it from DRAM. (A $2048 \\times 2048$
-        weight, 16 MiB, would sit in cache after the first call and measure the cache instead.)
+        Now the experiment. On a CPU the weight is $4096 \\times 4096$ in fp32, 64 MiB: larger than
+        the course machine's 32 MiB last-level cache, so a small-$M$ matmul has to stream it from
+        DRAM. (A $2048 \\times 2048$ weight, 16 MiB, would sit in cache after the first call and
+        measure the cache instead.) On a GPU the code picks $8192 \\times 8192$ for the same reason.
         Each point is the median of several timed calls.
         """),
         code("""
@@ -122,23 +126,29 @@ def cells():
             return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
+        def synchronize():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+
         def median_seconds(fn, repeats=5, min_total_s=0.2):
             \"\"\"Median time of one call to fn(), over `repeats` samples of enough calls to be timeable.\"\"\"
-            fn()  # warm-up
             start = time.perf_counter()
-            fn()
+            fn()  # warm-up, and a first guess at how many calls make a sample long enough to time
+            synchronize()
             calls = max(1, int(min_total_s / repeats / max(time.perf_counter() - start, 1e-9)))
             samples = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn()
+                synchronize()  # a GPU runs asynchronously: wait for the work, not just its launch
                 samples.append((time.perf_counter() - start) / calls)
             return float(np.median(samples))
 
 
         torch.manual_seed(0)
-        weight = torch.randn(K, N)
+        weight = torch.randn(K, N, device=device)
         l3 = l3_cache_bytes()
         l3_text = f"{l3 / 2**20:.0f} MiB" if l3 else "not reported"
         print(f"weight: {weight.numel() * 4 / 2**20:.0f} MiB; L3 cache: {l3_text}")
@@ -147,7 +157,7 @@ def cells():
         seconds, achieved, intensity = [], [], []
         with torch.inference_mode():
             for m in rows:
-                activations = torch.randn(m, K)
+                activations = torch.randn(m, K, device=device)
                 t = median_seconds(lambda: activations @ weight, repeats=5 if m < 512 else 3)
                 flops, moved = matmul_flops_bytes(m, K, N, 4)
                 seconds.append(t)
@@ -170,9 +180,9 @@ def cells():
 
 
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-        (cpu_line,) = roofline(left, this_machine, dtype="fp32", intensity_range=(0.1, 1000),
-                               labels=["this CPU (measured roof)"],
-                               points={"matmul [M x 4096] @ [4096 x 4096], fp32": (intensity, achieved)})
+        (machine_line,) = roofline(left, this_machine, dtype="fp32", intensity_range=(0.1, 1000),
+                               labels=[f"this {device.type.upper()} (measured roof)"],
+                               points={f"matmul [M x {K}] @ [{K} x {N}], fp32": (intensity, achieved)})
         for m, i, rate in zip(rows, intensity, achieved):
             if m in (1, 16, 256, 4096):
                 left.annotate(f"M={m}", (i, rate / 1e9), textcoords="offset points", xytext=(-10, 8), fontsize=8)
@@ -187,22 +197,24 @@ def cells():
         fig.tight_layout()
         plt.show()
 
-        print(f"rows needed to reach the ridge for a 4096 x 4096 weight: "
-              f"this CPU (fp32) M = {rows_to_reach_ridge(K, N, 4, cpu_line['ridge'])}, "
-              f"H100 (bf16) M = {rows_to_reach_ridge(K, N, 2, gpu_line['ridge'])}")
+        print(f"rows needed to reach the ridge for a {K} x {N} weight: "
+              f"this {device.type.upper()} (fp32) M = {rows_to_reach_ridge(K, N, 4, machine_line['ridge'])}, "
+              f"H100 (bf16) M = {rows_to_reach_ridge(K, N, 2, gpu_line['ridge'])}; the H100's ridge is "
+              f"{gpu_line['ridge'] / machine_line['ridge']:.0f}× further right")
         """),
         md("""
-        Read the left panel from left to right. With few rows the points hug the slanted line:
-        every call streams the same 64 MiB of weights, so the time barely changes while the FLOPs
-        double with each step, and the FLOP rate climbs along the bandwidth slope. Past the ridge the
-        points flatten out under the roof, where more rows take proportionally more time. (How close
-        each point comes to its roof is the "% of roofline" column; the roof is a ceiling, and a
-        kernel that is not tuned for a shape can sit well below it.)
+        Read the left panel from left to right. Below the ridge an ideal kernel climbs the slanted
+        line: every call streams the same weight, so the time should barely change while the FLOPs
+        double with each extra power of two in $M$. Past the ridge the points should flatten out
+        under the roof, where doubling the rows doubles the time. The "% of roofline" column in the
+        table says how close this machine's matmul library comes at each shape. The roof is a
+        ceiling, not a promise: a library tuned for big square matrices can sit well below it for
+        thin shapes, and on a shared machine other processes take their share of both roofs.
 
-        The right panel puts the same shapes under the H100's roofline. The ridge has moved two
-        orders of magnitude to the right, so on a GPU a matmul against a 4096-wide weight needs a
-        few hundred rows before its tensor cores, not its memory, set the pace. Decoding one
-        sequence gives it one row.
+        The right panel puts the same shapes under the H100's roofline. Its ridge sits far to the
+        right of this machine's, so on a GPU a matmul against a weight this size needs a few hundred
+        rows before its tensor cores, not its memory, set the pace. Decoding one sequence gives it
+        one row.
 
         ## Three regimes
 
@@ -227,7 +239,7 @@ def cells():
         call_seconds, bound_seconds = [], []
         with torch.inference_mode():
             for n in sizes:
-                a, b = torch.randn(n, n), torch.randn(n, n)
+                a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
                 call_seconds.append(median_seconds(lambda: a @ b, repeats=5, min_total_s=0.1))
                 flops, moved = matmul_flops_bytes(n, n, n, 4)
                 bound_seconds.append(max(flops / peak, moved / bandwidth))
@@ -249,11 +261,12 @@ def cells():
         plt.show()
         """),
         md("""
-        Up to a few dozen rows and columns the time per call is flat: it is the fixed cost of
-        calling into PyTorch and its matmul library, microseconds, while the arithmetic itself would
-        take nanoseconds. Only for larger matrices does the measured line bend up towards the
-        roofline. On a GPU the fixed cost per operation (a kernel launch) is of the same order, which
-        is why a decode step made of hundreds of small operations can be overhead-bound there too.
+        Compare the two growth factors printed above. For small matrices the time per call hardly
+        follows the FLOPs: it is the fixed cost of calling into PyTorch and its matmul library,
+        microseconds, while the arithmetic itself would take nanoseconds. Only for larger matrices
+        does the measured line bend up towards the roofline bound. On a GPU the fixed cost of each
+        operation (launching a kernel) is of the same order, which is why a decode step made of
+        hundreds of small operations can be overhead-bound there too.
 
         ## Decoding one sequence has an intensity of about 1
 
