@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from typing import Callable, Mapping
 
 import torch
@@ -78,7 +79,7 @@ def environment(device: str) -> dict:
         load = None
     return {"device": torch.device(device).type, "device_name": _device_name(torch.device(device)),
             "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-            "load_average_1min": load}
+            "load_average_1min": load, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 
 
 # ---- repeats and medians -----------------------------------------------------------------------
