@@ -74,7 +74,7 @@ def cells():
             k, v = torch.randn(kv_heads, context, head_dim), torch.randn(kv_heads, context, head_dim)
             ours = grouped_attention(q, k, v)
             engine = attend(q[None], k[None], v[None])[0]
-            print(f"{kind}: {kv_heads} KV heads; the cache holds {2 * kv_heads * head_dim} numbers per token per layer "
+            print(f"{kind}: {kv_heads} KV head{'s' * (kv_heads > 1)}; the cache holds {2 * kv_heads * head_dim} numbers per token per layer "
                   f"(MHA: {2 * heads * head_dim}); max |ours - engine| = {(ours - engine).abs().max():.1e}")
             assert torch.allclose(ours, engine, atol=1e-5)
         """),
