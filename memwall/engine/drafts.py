@@ -7,9 +7,10 @@ all of which run offline:
 - `ModelDraft(model)`: a separate, smaller model with the same vocabulary (Leviathan et al. 2023;
   Chen et al. 2023), e.g. SmolLM2-135M drafting for SmolLM2-1.7B.
 - `SelfDraft(target, n_layers)`: the target's own first N layers, then its final norm and head:
-  an "early exit" draft in the spirit of self-speculative decoding (Zhang et al. 2024; Elhoushi
-  et al. 2024). It shares the target's weights, so it costs no extra memory, but those papers train
-  or tune the model for it; an off-the-shelf model's shallow layers guess worse.
+  an "early exit" draft. It shares the target's weights, so it costs no extra memory. Published
+  self-speculative methods choose which layers to skip by search (Zhang et al. 2024, "Draft &
+  Verify") or train the model to exit early (Elhoushi et al. 2024, "LayerSkip"); an off-the-shelf
+  model's first layers, read through its head, guess much worse (chapter 8 measures how much).
 - `PromptLookupDraft(ngram)`: no model at all. It finds the latest earlier occurrence of the
   context's last n-gram and proposes the tokens that followed it (prompt lookup decoding,
   Saxena 2023). Free to run, and good when the output quotes the input.
