@@ -237,3 +237,12 @@ class _one_thread:
 
     def __exit__(self, *exc):
         torch.set_num_threads(self.threads)
+
+
+def test_bench_speculative_reports_alpha_and_the_formula(tiny_engine):
+    from memwall.bench.speculative import bench_speculative
+
+    result = bench_speculative(tiny_engine, "self:3", k=2, new_tokens=9, repeats=1, warmup=0, progress=False)
+    assert result["acceptance_rate"] == 1.0 and result["identical_to_plain"]
+    assert result["mean_tokens_per_pass"] == result["formula_tokens_per_pass"] == 3.0
+    assert result["tokens_per_pass"] == [3, 3, 3] and result["speedup"] > 0
