@@ -95,14 +95,10 @@ def conversion_cells():
         print(f"perplexity ratio MQA / original: {pooled.perplexity / original.perplexity:.0f}x")
         """),
         code("""
-        prompt = tokenizer("The tide comes in twice a day", return_tensors="pt").input_ids
+        prompt = tokenizer("The tide comes in twice a day")["input_ids"]
         for name in ("GQA (3, as trained)", "MQA (1 KV head)"):
-            variant = variants[name]
-            ids = prompt
-            with torch.inference_mode():
-                for _ in range(16):  # greedy, without a cache: 16 short forward passes
-                    ids = torch.cat([ids, variant(ids)[:, -1:].argmax(-1)], dim=1)
-            print(f"{name:>20}: {tokenizer.decode(ids[0])!r}")
+            reply = generate(variants[name], prompt, max_new_tokens=16)  # greedy
+            print(f"{name:>20}: {tokenizer.decode(prompt + reply.tokens)!r}")
         """),
         md("""
         Pooling without any further training breaks this model: compare the two perplexities above. Each
@@ -135,7 +131,7 @@ def timing_cells():
             cache.values.fill_(0.01)
             cache.length = max(contexts)  # the filled prefix now counts as cached tokens
         token = torch.tensor([42])
-        rounds = 7
+        rounds = 5
         medians = {name: {} for name in variants}
         for context in contexts:
             times = {name: [] for name in variants}

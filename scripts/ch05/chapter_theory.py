@@ -25,7 +25,7 @@ def cells():
         import torch
         from IPython.display import HTML, Markdown, display
         from memwall import cost, models, quality, specs
-        from memwall.engine import Transformer, decode_step
+        from memwall.engine import Transformer, decode_step, generate
         from memwall.engine.kv_heads import convert_kv_heads, pool_heads
         from memwall.engine.layers import attend
         from memwall.widgets import cache_calculator, static_calculator
