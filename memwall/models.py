@@ -60,7 +60,9 @@ def load(name: str = OFFLINE_MODEL, dtype=None, device: str = "cpu"):
         raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)} "
                          "(or any Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-360M-Instruct').")
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a loading bar per call would clutter every chapter's output
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     return model, tokenizer
