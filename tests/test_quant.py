@@ -34,7 +34,7 @@ def test_int8_round_trip_error_is_at_most_half_a_step():
     codes, scales = quantize_int8(weight)
     assert codes.dtype == torch.int8 and codes.abs().max() <= 127 and scales.shape == (64,)
     error = (dequantize_int8(codes, scales) - weight).abs()
-    assert (error <= scales[:, None] / 2 * (1 + 1e-5)).all()
+    assert (error <= scales.float()[:, None] / 2 * (1 + 1e-5)).all()
 
 
 @pytest.mark.parametrize("group_size", [16, 32, 64])
@@ -63,7 +63,9 @@ def test_int8_kernel_matches_reference_path():
     x = torch.randn(2, 3, 160, generator=torch.Generator().manual_seed(5))
     ours = layer(x)
     assert ours.shape == (2, 3, 96)
-    torch.testing.assert_close(ours, layer.reference_forward(x), rtol=1e-4, atol=1e-4)
+    # The kernel takes bf16 activations and returns bf16: compare at that precision.
+    reference = layer.reference_forward(x.bfloat16().float())
+    assert (ours - reference).abs().max() <= 1e-2 * reference.abs().max()
 
 
 @pytest.mark.parametrize("out_features,group_size", [(64, 32), (128, 64), (96, 32), (40, 32)])
@@ -94,7 +96,7 @@ def test_int4_layer_bytes_match_the_cost_model(group_size):
 
 def test_int8_layer_bytes_are_one_per_weight_plus_a_scale_per_row():
     layer = Int8Linear.from_weight(torch.randn(64, 192))
-    assert state_bytes(layer) == 64 * 192 * cost.bytes_per_element("int8") + 64 * 4
+    assert state_bytes(layer) == 64 * 192 * cost.bytes_per_element("int8") + 64 * 2
 
 
 def test_quantize_swaps_every_linear_and_can_copy(tiny_engine):
@@ -102,8 +104,10 @@ def test_quantize_swaps_every_linear_and_can_copy(tiny_engine):
     assert isinstance(tiny_engine.lm_head, Linear) and tiny_engine.lm_head.stored.numel() == 64 * 256  # untouched
     assert not any(isinstance(m, Linear) for m in copy.modules())
     assert isinstance(copy.lm_head, Int4Linear) and isinstance(copy.blocks[0].mlp.down, Int4Linear)
-    kept = quantize(tiny_engine, "int8", inplace=False, include_lm_head=False)
+    kept = quantize(tiny_engine, "int8", inplace=False, head="float")
     assert isinstance(kept.lm_head, Linear) and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
+    mixed = quantize(tiny_engine, "int4", inplace=False, head="int8")
+    assert isinstance(mixed.lm_head, Int8Linear) and isinstance(mixed.blocks[0].attn.qkv, Int4Linear)
 
 
 def test_quantized_tiny_model_predicts_like_fp32(tiny_engine):
@@ -117,23 +121,32 @@ def test_quantized_tiny_model_predicts_like_fp32(tiny_engine):
 def test_quantize_rejects_bad_input(tiny_engine):
     with pytest.raises(ValueError, match="int8, int4"):
         quantize(tiny_engine, "int3", inplace=False)
+    with pytest.raises(ValueError, match="same, int8, int4, float"):
+        quantize(tiny_engine, "int8", inplace=False, head="fp8")
     with pytest.raises(ValueError, match="does not divide"):
         quantize(tiny_engine, "int4", group_size=48, inplace=False)  # d_model 64
 
 
-@pytest.mark.parametrize("scheme,group_size,dtype,min_agreement",
-                         [("int8", 32, "int8", 0.9), ("int4", 32, "int4-g32", 0.9), ("int4", 64, "int4-g64", 0.7)])
-def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme, group_size, dtype, min_agreement):
+@pytest.mark.parametrize("scheme,group_size,head,min_agreement",
+                         [("int8", 32, "same", 0.9), ("int4", 32, "int8", 0.95), ("int4", 64, "int8", 0.7)])
+def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme, group_size, head, min_agreement):
     spec = "smollm2-135m"
     assert smollm2_engine.weight_bytes_per_step() == pytest.approx(cost.weight_bytes(spec, "fp32"), rel=1e-3)
-    model = quantize(smollm2_engine, scheme, group_size=group_size, inplace=False)
-    # What differs from the cost model: fp32 norms and one embedding row (both tiny), int8's row scales.
-    assert model.weight_bytes_per_step() == pytest.approx(cost.weight_bytes(spec, dtype), rel=0.01)
+    model = quantize(smollm2_engine, scheme, group_size=group_size, inplace=False, head=head)
+
+    def dtype_of(module):
+        return "int8" if isinstance(module, Int8Linear) else f"int4-g{module.group_size}"
+
     linears = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
     assert len(linears) == 4 * 30 + 1
     assert sum(state_bytes(m) for m in linears) == sum(
-        m.out_features * m.in_features * cost.bytes_per_element(dtype)
-        + (4 * m.out_features if scheme == "int8" else 0) for m in linears)
+        m.out_features * m.in_features * cost.bytes_per_element(dtype_of(m))
+        + (2 * m.out_features if isinstance(m, Int8Linear) else 0) for m in linears)
+    # The whole model against the cost model (what differs: fp32 norms, one embedding row, int8 row scales).
+    body, head_params = dtype_of(linears[0]), model.lm_head.in_features * model.lm_head.out_features
+    predicted = cost.weight_bytes(spec, body) + head_params * (
+        cost.bytes_per_element(dtype_of(model.lm_head)) - cost.bytes_per_element(body))
+    assert model.weight_bytes_per_step() == pytest.approx(predicted, rel=0.01)
 
     text = ("The tide comes in twice a day along most of the coast, and people who live by the sea learn "
             "its rhythm without thinking about the moon. Fishermen know when the water will be low.")

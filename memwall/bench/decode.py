@@ -27,7 +27,8 @@ ENGINES = ("memwall", "hf")
 
 def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=None, device: str | None = None,
                  dtype: str | None = None, prompt_tokens: int = 32, new_tokens: int = 128, repeats: int = 3,
-                 warmup: int = 1, bandwidth: float | None = None, progress: bool | None = None) -> dict:
+                 warmup: int = 1, bandwidth: float | None = None, progress: bool | None = None,
+                 quant: str | None = None, group_size: int = 32) -> dict:
     """Time batch-1 greedy decode and return a dict of medians and roofline figures.
 
     model: a name ("smollm2-135m", "random:llama-3-8b"), or an already loaded transformers model
@@ -35,12 +36,16 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
     engine: "memwall", "hf" (transformers' generate) or "compare" (both, interleaved, plus the
         ratio memwall tok/s / hf tok/s).
     bandwidth: bytes/s for the roofline; default: `memwall.hardware.measure(device)`.
+    quant: "int8" or "int4" (with `group_size`) quantizes memwall's engine weight-only
+        (`memwall.engine.quant.quantize`, chapter 7); transformers stays in `dtype`.
     """
     if engine not in (*ENGINES, "compare"):
         raise ValueError(f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}.")
     harness.check_count("prompt_tokens", prompt_tokens, 1)
     harness.check_count("new_tokens", new_tokens, 2)  # one decode step at least, after the first token
     engines = ENGINES if engine == "compare" else (engine,)
+    if quant is not None and "memwall" not in engines:
+        raise ValueError("quant applies to memwall's engine; use engine='memwall' or 'compare'.")
 
     if isinstance(model, str):
         device = harness.resolve_device(device)
@@ -62,6 +67,10 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
         from memwall.engine import Transformer
 
         engine_model = Transformer.from_hf(hf_model)
+        if quant is not None:
+            from memwall.engine.quant import quantize
+
+            quantize(engine_model, quant, group_size=group_size)
         runs["memwall"] = lambda: time_memwall(engine_model, prompt, new_tokens)
         weight_bytes["memwall"] = engine_model.weight_bytes_per_step()
         kv_per_token["memwall"] = engine_model.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
@@ -80,7 +89,9 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
 
     shared = {"model": name, **harness.environment(device), "dtype": dtype, "prompt_tokens": prompt_tokens,
               "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup,
-              "cost_model_weight_bytes": _cost_model_weight_bytes(config, dtype)}
+              "cost_model_weight_bytes": _cost_model_weight_bytes(config, _quant_dtype(quant, group_size) or dtype)}
+    if quant is not None:
+        shared["quant"] = _quant_dtype(quant, group_size)
     per_engine = {e: summarize(e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens,
                                new_tokens, bandwidth) for e in engines}
     if engine != "compare":
@@ -103,6 +114,11 @@ def summarize(engine: str, samples: list[dict], weight_bytes: int, kv_bytes_per_
             "mean_context": mean_context, "kv_bytes": kv_bytes, "bytes_per_step": bytes_per_step,
             **harness.roofline_fields(tok_per_s, bytes_per_step, bandwidth),
             "ms_per_token_repeats": [s["tpot_s"] * 1e3 for s in samples]}
+
+
+def _quant_dtype(quant: str | None, group_size: int) -> str | None:
+    """The cost model's name for a weight format: "int8" (per channel) or "int4-g<group size>"."""
+    return None if quant is None else quant if quant == "int8" else f"{quant}-g{group_size}"
 
 
 def _cost_model_weight_bytes(config, dtype: str) -> float:
@@ -171,6 +187,9 @@ def add_cli(bench_subparsers) -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine; medians reported (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    parser.add_argument("--quant", choices=("int8", "int4"),
+                        help="quantize memwall's engine weight-only (int8 per channel, int4 per group)")
+    parser.add_argument("--group-size", type=int, default=32, help="int4 group size (default 32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
 
@@ -178,6 +197,6 @@ def add_cli(bench_subparsers) -> None:
 def run_cli(args) -> int:
     result = bench_decode(args.model, "compare" if args.compare else args.engine, device=args.device,
                           dtype=args.dtype, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                          repeats=args.repeats, warmup=args.warmup)
+                          repeats=args.repeats, warmup=args.warmup, quant=args.quant, group_size=args.group_size)
     harness.print_result(result, args.json, columns=list(ENGINES) if args.compare else None)
     return 0

@@ -3,9 +3,9 @@
 Weight-only quantization shrinks the bytes a decode step reads; the activations stay in floating
 point and each weight is turned back into a float ("dequantized") inside the matmul.
 
-- int8, per output channel, symmetric: w ~ q * s with q in [-127, 127] and one fp32 scale per row
+- int8, per output channel, symmetric: w ~ q * s with q in [-127, 127] and one bf16 scale per row
   (the absmax scheme LLM.int8() builds on, Dettmers et al. 2022, without its outlier split).
-  1 byte per weight plus 4 bytes per row.
+  1 byte per weight plus 2 bytes per row.
 - int4, per group of `group_size` weights along the input dimension, asymmetric:
   w ~ (q - 8) * s + z with q in [0, 15], and a bf16 scale s and bf16 offset z per group (the
   layout of PyTorch's int4 kernels; GPTQ and AWQ store group-wise int4 the same way, Frantar et
@@ -15,7 +15,9 @@ point and each weight is turned back into a float ("dequantized") inside the mat
 On CPU the matmul runs in PyTorch's packed kernels (`aten._weight_int8pack_mm`,
 `aten._weight_int4pack_mm_for_cpu`), which dequantize on the fly. `reference_forward` is the plain
 path (dequantize the whole matrix, then `F.linear`): it is used where a kernel does not exist, and
-tests check the kernels against it.
+tests check the kernels against it. Both CPU kernels take bf16 activations (the int8 one has a
+fast path only for bf16, about 15x faster than its fp32 path on an AVX2 CPU), so the layers
+round the activations to bf16 on the way in and back to the caller's dtype on the way out.
 """
 
 from __future__ import annotations
@@ -30,17 +32,24 @@ from torch import nn
 from memwall.engine.linear import Linear
 
 SCHEMES = ("int8", "int4")
+HEAD_CHOICES = ("same", "int8", "int4", "float")
 INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what aten._weight_int4pack_mm_for_cpu accepts
 INT4_SCALE_DTYPE = torch.bfloat16              # 2 bytes for s and 2 for z: 4 bytes per group
+INT8_SCALE_DTYPE = torch.bfloat16              # 2 bytes per output row
+KERNEL_ACTIVATION_DTYPE = torch.bfloat16
 
 
 # ---- the formats, as plain tensor functions ---------------------------------------------------
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] float -> (int8 codes [out, in], fp32 scales [out]), symmetric per output row."""
-    weight = weight.float()
-    scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    """[out, in] float -> (int8 codes [out, in], bf16 scales [out]), symmetric per output row.
+
+    The scale is nudged up before rounding to bf16 so that the row's largest weight still fits in
+    127 steps; the codes are then rounded against the stored scale.
+    """
+    weight = weight.float().contiguous()  # the engine's split-K Linear hands out a transposed view
+    scales = (weight.abs().amax(dim=1) / 127 * (1 + 2**-7)).clamp(min=1e-30).to(INT8_SCALE_DTYPE)
+    codes = weight.div(scales.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return codes, scales
 
 
@@ -57,11 +66,11 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     """
     out_features, in_features = weight.shape
     _check_group_size(group_size, in_features)
-    groups = weight.float().reshape(out_features, in_features // group_size, group_size)
+    groups = weight.float().contiguous().reshape(out_features, in_features // group_size, group_size)
     low, high = groups.amin(-1), groups.amax(-1)
     scale = ((high - low) / 15).clamp(min=1e-8).to(INT4_SCALE_DTYPE).float()
     zero = (low + 8 * scale).to(INT4_SCALE_DTYPE).float()  # the value of the middle code, 8
-    codes = torch.round((groups - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
+    codes = groups.sub(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, 15)
     scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(INT4_SCALE_DTYPE).contiguous()
     return codes.reshape(out_features, in_features).to(torch.uint8), scale_zero
 
@@ -130,13 +139,13 @@ def from_cpu_kernel_layout(packed: torch.Tensor, block: int) -> torch.Tensor:
 # ---- the layers --------------------------------------------------------------------------------------
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W stored as int8 codes [out, in] and one fp32 scale per output row."""
+    """y = x W^T + b with W stored as int8 codes [out, in] and one bf16 scale per output row."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = codes.shape
         self.register_buffer("codes", codes.to(torch.int8).contiguous())
-        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("scales", scales.to(INT8_SCALE_DTYPE).contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().clone())
 
     @classmethod
@@ -151,8 +160,9 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _int8_kernel_ok(x):
             return self.reference_forward(x)
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
-        y = y.view(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
+        y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,7 +212,7 @@ class Int4Linear(nn.Module):
         if not (self.kernel_layout and x.device.type == "cpu"):
             return self.reference_forward(x)
         # The kernel wants activations in the scales' dtype (bf16); it accumulates in fp32.
-        rows = x.reshape(-1, self.in_features).to(INT4_SCALE_DTYPE)
+        rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scale_zero)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
@@ -216,24 +226,32 @@ class Int4Linear(nn.Module):
 
 
 def _int8_kernel_ok(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == torch.float32 and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+    return x.device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
 # ---- one call for a whole model ----------------------------------------------------------------------
 
 def quantize(model: nn.Module, scheme: str, group_size: int = 32, inplace: bool = True,
-             include_lm_head: bool = True) -> nn.Module:
+             head: str = "same") -> nn.Module:
     """Swap every engine `Linear` in `model` for an Int8Linear or Int4Linear (in place, or a copy).
 
-    The token embedding stays in floating point: a step reads one row of it. With
-    `include_lm_head=False` the output head keeps its float weights too.
+    `head` chooses the output head's format: "same" as the rest, "int8", "int4", or "float" to
+    keep it as it is. The output head is the most sensitive layer, and GGUF files often keep it at
+    8 bits while the rest is 4-bit (the shipped SmolLM2 file does: Q8_0 head, Q4_1 layers). The
+    token embedding always stays in floating point: a step reads one row of it.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"Unknown quantization scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, Linear) and (include_lm_head or name != "lm_head")]
-    if scheme == "int4":  # check every layer before changing any
-        for name, module in targets:
+    if head not in HEAD_CHOICES:
+        raise ValueError(f"Unknown head format {head!r}; choose from {', '.join(HEAD_CHOICES)}")
+    plan = {}  # module name -> scheme
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            chosen = scheme if name != "lm_head" or head == "same" else head
+            if chosen != "float":
+                plan[name] = (module, chosen)
+    for name, (module, chosen) in plan.items():  # check every layer before changing any
+        if chosen == "int4":
             try:
                 _check_group_size(group_size, module.in_features)
             except ValueError as error:
@@ -241,12 +259,12 @@ def quantize(model: nn.Module, scheme: str, group_size: int = 32, inplace: bool 
     target = model
     if not inplace:
         # Copy everything but the float weights about to be replaced (they would be thrown away).
-        skip = {id(module.stored): torch.empty(0) for _, module in targets}
+        skip = {id(module.stored): torch.empty(0) for module, _ in plan.values()}
         target = copy.deepcopy(model, memo=skip)
-    for name, old in targets:
+    for name, (old, chosen) in plan.items():
         bias = None if old.bias is None else old.bias.detach()
         with torch.no_grad():
-            if scheme == "int8":
+            if chosen == "int8":
                 new = Int8Linear.from_weight(old.weight.detach(), bias)
             else:
                 new = Int4Linear.from_weight(old.weight.detach(), bias, group_size)
