@@ -163,3 +163,15 @@ def test_group_128_does_not_fit_smollm2(smollm2_engine):
 
 def test_transformer_type_is_kept(tiny_engine):
     assert isinstance(quantize(tiny_engine, "int8", inplace=False), Transformer)
+
+
+def test_bench_decode_quant_option(tiny_hf):
+    from memwall.bench import bench_decode
+
+    kwargs = dict(prompt_tokens=4, new_tokens=3, repeats=1, warmup=0, bandwidth=1e10, progress=False)
+    fp32 = bench_decode(tiny_hf, "memwall", **kwargs)
+    int4 = bench_decode(tiny_hf, "memwall", quant="int4", group_size=32, **kwargs)
+    assert int4["quant"] == "int4-g32" and "quant" not in fp32
+    assert int4["weight_bytes"] < fp32["weight_bytes"] / 4
+    with pytest.raises(ValueError, match="memwall"):
+        bench_decode(tiny_hf, "hf", quant="int8", **kwargs)
