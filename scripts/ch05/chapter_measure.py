@@ -246,8 +246,8 @@ def calculator_cells():
         - At long contexts and many users the cache, not the weights, fills the GPU and dominates the bytes
           of each decode step; that is what MQA and GQA were invented for.
         - Repeating KV heads (GQA → MHA) changes no output and multiplies the cache. Mean-pooling them
-          (GQA → MQA) shrinks the cache, but without uptraining it wrecks the model: always measure quality
-          next to speed.
+          (GQA → MQA) shrinks the cache, but without uptraining it wrecked SmolLM2 here: always measure
+          quality next to speed.
         - The calculator's figures are arithmetic, not measurements: upper bounds on users and tokens/s,
           to be checked against a real run.
 

@@ -46,7 +46,7 @@ def cells():
           key head and value head. Shazeer proposed it because incremental decoding is limited by the
           memory bandwidth spent reloading the large key and value tensors, not by arithmetic.
         - **Grouped-query attention (GQA)** {cite}`ainslie2023gqa`: $1 < G < H$, the middle ground that
-          Llama 2 70B, Llama 3, Mistral, Qwen2.5 and SmolLM2 use.
+          Llama 2 70B, Llama 3, Mistral, Qwen2.5 and the two smaller SmolLM2 models use.
 
         The query projections, the output projection and the MLP are the same in all three. What changes
         is what the cache must keep: $K_g$ and $V_g$ for every layer and every token, so
