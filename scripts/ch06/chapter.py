@@ -155,8 +155,9 @@ def ledger_cells():
         """),
         md(r"""
         At short context the lines rise in step with B. With 2-byte weights an H100 needs about as many
-        sequences as its ridge point, roughly 295, before decode stops being memory-bound. A CPU's ridge point
-        is two orders of magnitude lower, so a handful of sequences is enough here. The dashed lines bend
+        sequences as its ridge point, roughly 295, before decode stops being memory-bound. A CPU like this one
+        has a ridge point of a few FLOPs per byte (printed above), two orders of magnitude lower, so a
+        handful of sequences gets it there. The dashed lines bend
         over: at 2048 tokens each extra sequence adds KV bytes as fast as it adds FLOPs. The intensity then
         tends to $2N / (\text{context} \times \text{KV bytes per token})$ however large B gets, and for Llama 3
         8B at 2048 tokens that limit is below the H100's ridge. No batch size makes it compute-bound. The
@@ -235,7 +236,7 @@ def measured_cells():
         bandwidth and FLOP/s measured above, `max(bytes / bandwidth, FLOPs / peak)`.
         """),
         code("""
-        BATCHES, CONTEXT, STEPS, ROUNDS = [1, 2, 4, 8, 16, 32], 32, 5, 3
+        BATCHES, CONTEXT, STEPS, ROUNDS = [1, 2, 4, 8, 16, 32], 32, 4, 3
         time_decode_steps(model, 4, CONTEXT, 2)  # warm-up: allocator, thread pool, caches
         samples = {b: [] for b in BATCHES}
         for _ in range(ROUNDS):
@@ -281,11 +282,11 @@ def measured_cells():
         signature of memory-bound decode. When the right panel starts to climb, the left one flattens,
         because every extra user now pays for their own FLOPs.
 
-        The cost model is a ceiling, and the measurement can only land under it. On this machine it lands
-        well under at small B for the reason chapter 1 measured: a SmolLM2 step is a few hundred small
-        operations, and their Python and dispatch overhead is comparable to the time spent moving bytes.
-        That overhead is paid once per step whatever B is, so batching amortises it too. This is one reason
-        the measured gain can come close to B× even where the roofline predicts less.
+        The cost model is a ceiling, and the measurement can only land under it. Where it lands well under
+        at small B, the usual reason on a CPU is the one chapter 1 measured: a SmolLM2 step is a few hundred
+        small operations, and their Python and dispatch overhead is comparable to the time spent moving
+        bytes. That overhead is paid once per step whatever B is, so batching amortises it too. This is why
+        the measured gain can come closer to B× than the roofline's own ratio of step times.
 
         ### Why this CPU falls short at larger B: small-M matrix multiplies
 
