@@ -412,13 +412,13 @@ def cells():
             return expected_tokens_per_pass(alpha, k) / (k * draft_step_cost + verify)
 
 
-        def plain_tok_per_s(prompt, tokens=12):
+        def plain_tok_per_s(prompt, tokens=10):
             out = generate(model, prompt, tokens)
             return (len(out.tokens) - 1) / sum(out.step_times_s)
 
 
         runs = [("lookup:3", "quote", k) for k in (1, 2, 4, 8)] + [("lookup:3", "story", 4)]
-        runs += [("self:8", "quote", 2), ("self:24", "quote", 2)]
+        runs += [("self:8", "quote", 1), ("self:24", "quote", 2)]
         rows = []
         for draft_name, prompt_name, k in runs:
             kind, _, arg = draft_name.partition(":")
