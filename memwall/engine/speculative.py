@@ -114,6 +114,8 @@ def speculative_generate(target, draft: Draft, prompt_ids, max_new_tokens: int, 
 
     Greedy (temperature 0) gives the target's own greedy tokens; sampling gives tokens distributed
     exactly as the target's, provided `acceptance` is the exact rule (tests pass broken ones).
+    "Own greedy tokens" up to float rounding: a (k+1)-token pass adds up the same products in another
+    order than a one-token step, so two logits tied to the last bit could be ordered differently.
     """
     device = next(target.parameters()).device
     context = [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1).tolist()]
