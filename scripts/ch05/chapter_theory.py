@@ -30,7 +30,7 @@ def cells():
         from memwall.engine.layers import attend
         from memwall.widgets import cache_calculator, static_calculator
 
-        torch.manual_seed(0)
+        torch.manual_seed(0);  # the semicolon hides the returned Generator
         """),
         md("""
         ## Three ways to share keys and values

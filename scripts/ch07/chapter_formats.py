@@ -32,7 +32,7 @@ def cells():
         from memwall.engine.quant import dequantize_int8, pack_int4, quantize, quantize_int8
         from memwall.hardware import measure
 
-        torch.manual_seed(0)
+        torch.manual_seed(0);  # the semicolon hides the returned Generator
         spec = "smollm2-135m"
         """),
         md(r"""

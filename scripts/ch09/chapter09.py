@@ -21,7 +21,7 @@ def cells():
         from memwall import cost, hardware, models
         from memwall.engine import Transformer, decode_step, generate, prefill
 
-        torch.manual_seed(0)
+        torch.manual_seed(0);  # the semicolon hides the returned Generator
         hf_model, tokenizer = models.load("smollm2-135m")
         model = Transformer.from_hf(hf_model)
         machine = hardware.measure()
