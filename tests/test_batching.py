@@ -76,3 +76,26 @@ def test_smollm2_batch_matches_solo_decoding(smollm2, smollm2_engine):
     out = generate_batch(smollm2_engine, prompts, 16)
     for prompt, tokens in zip(prompts, out.tokens):
         assert tokens == generate(smollm2_engine, prompt, 16).tokens
+
+
+def test_bench_batch_reports_every_batch_size_with_a_prediction(tiny_hf):
+    from memwall.bench.batch import bench_batch
+    from memwall.hardware import get_hardware
+
+    result = bench_batch(tiny_hf, [1, 3], context=5, new_tokens=3, repeats=1, warmup=0,
+                         hardware=get_hardware("laptop-100gbs"))
+    assert [row["batch"] for row in result["rows"]] == [1, 3]
+    for row in result["rows"]:
+        assert row["tok_per_s"] > 0 and row["predicted_tok_per_s"] > 0
+        assert row["kv_bytes"] == row["batch"] * (5 + 2) * (2 * 3 * 2 * 16 * 4)  # mean context 5 + (3 + 1) / 2
+        assert row["bytes_per_step"] == row["weight_bytes"] + row["kv_bytes"]
+    assert result["rows"][0]["speedup_over_first"] == 1
+
+
+@pytest.mark.parametrize("text", ["", "0,2", "a,b", "-1"])
+def test_bench_batch_rejects_bad_batch_lists(text):
+    from memwall.bench.batch import parse_batches
+
+    with pytest.raises(ValueError, match="comma-separated list of positive integers"):
+        parse_batches(text)
+    assert parse_batches("1, 2,16") == [1, 2, 16]

@@ -357,14 +357,15 @@ def measured_cells():
         plt.show()
         """),
         md("""
-        On a machine like this one, the achieved FLOP/s rise with M, since each weight byte now feeds M rows.
-        They stay below the dashed roofline, and the gap tends to widen in the middle, where no kernel is
-        tuned for the shape. The table and the plot above are this run's figures. Which variant wins at
-        which M depends on the CPU, the BLAS version and how busy the machine is. On a GPU, `F.linear`
-        (cuBLAS) handles thin M well, and the engine uses it there.
+        The achieved FLOP/s should rise with M, since each weight byte now feeds M rows. How close each
+        variant comes to the dashed roofline is that kernel's efficiency at this shape. The table and the
+        plot are this run's figures. Which variant wins at which M depends on the CPU, the BLAS version and
+        how busy the machine is, so measure before choosing one. On a GPU the engine uses plain `F.linear`
+        (cuBLAS) for every M.
 
         What this means for the performance target (B = 16 at 8× the tokens/s of B = 1, printed above): on a
-        2-core CPU with a ridge point of a few FLOPs per byte, B = 16 is already past the ridge. The step then
+        2-core CPU with a ridge point of a few FLOPs per byte, B = 16 is already past the ridge (the first
+        compute-bound B was printed in the ridge-point section). The step then
         costs FLOPs, not bytes, and the ceiling on the speed-up is the ratio of the two step times in the
         cost model, not 16. Where the run above misses 8×, the measured FLOP/s at M = 16 against the matmul
         peak show how much of the miss is the kernel, and the prediction column shows how much is

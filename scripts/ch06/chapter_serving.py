@@ -123,8 +123,8 @@ def scheduling_cells():
         nearly empty at the end, so it pays for whole weight reads that serve a handful of long requests. Continuous
         batching keeps the batch full, and its throughput keeps climbing until the batch limit or the KV
         bytes stop it. In the Orca paper, iteration-level scheduling together with "selective batching"
-        (batching the non-attention operations of sequences of different lengths) raised throughput
-        several-fold over a static-batching server at the same latency {cite}`yu2022orca`.
+        (batching the non-attention operations of sequences of different lengths) gave 36.9× the
+        throughput of NVIDIA's FasterTransformer at the same latency, for GPT-3 175B {cite}`yu2022orca`.
 
         ### A small real run with the engine
 
@@ -197,7 +197,7 @@ def paging_cells():
         plus `max_new_tokens`, reserved when it is admitted. Most of that region is empty most of the time.
         The tokens are not generated yet, many requests stop long before the cap, and the free space left
         between regions may be too small for the next request. Kwon et al. measured existing serving
-        systems and found that only 20% to 38% of their KV memory held actual tokens {cite}`kwon2023vllm`.
+        systems and found that only about 20% to 38% of their KV memory held actual tokens {cite}`kwon2023vllm`.
 
         **PagedAttention** manages KV memory as an operating system manages RAM. The cache is cut into
         **blocks** of a fixed number of token slots. Each sequence owns a **block table**, a list of block
