@@ -249,7 +249,7 @@ def cells():
         ax.set_xlabel("token")
         ax.set_ylabel("probability / frequency")
         ax.set_title("What the verify step emits, 200,000 trials")
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
         """),
         md(r"""
@@ -502,7 +502,7 @@ def cells():
 
         When it pays is the classic setting. A big target is firmly memory-bound on a GPU, a small draft
         model has the same tokenizer and costs a few percent of a target step, and the text is predictable
-        enough for α ≈ 0.6–0.8. Large batches, on the other hand, already share the weight read among
+        enough for a high α. Large batches, on the other hand, already share the weight read among
         users (chapter 6), so there is less left for speculation to win.
         """),
         md(r"""
