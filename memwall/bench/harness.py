@@ -25,6 +25,7 @@ import torch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICES = ("cpu", "cuda")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "GOMP_SPINCOUNT")
 
 
 # ---- options shared by every subcommand ------------------------------------------------------
@@ -79,7 +80,9 @@ def environment(device: str) -> dict:
         load = None
     return {"device": torch.device(device).type, "device_name": _device_name(torch.device(device)),
             "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-            "load_average_1min": load, "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+            "load_average_1min": load, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            # Thread settings change CPU results a lot, above all on a busy machine: record them.
+            **{name.lower(): os.environ[name] for name in THREAD_VARIABLES if name in os.environ}}
 
 
 # ---- repeats and medians -----------------------------------------------------------------------
