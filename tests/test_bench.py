@@ -126,3 +126,11 @@ def test_cli_decode_on_smollm2_prints_json(capsys):
     # SmolLM2-135M in fp32: 538 MB of weights read per step, as the cost model says.
     assert abs(result["memwall"]["weight_bytes"] - result["cost_model_weight_bytes"]) <= 576 * 4
     assert 530e6 < result["memwall"]["weight_bytes"] < 545e6
+
+
+def test_busy_machine_warning(capsys):
+    harness.warn_if_busy({"device": "cpu", "threads": 2, "load_average_1min": 5.0})
+    assert "load average was 5.0" in capsys.readouterr().err
+    harness.warn_if_busy({"device": "cpu", "threads": 2, "load_average_1min": 0.5})
+    harness.warn_if_busy({"device": "cuda", "threads": 2, "load_average_1min": 9.0})
+    assert capsys.readouterr().err == ""

@@ -199,4 +199,5 @@ def run_cli(args) -> int:
                           dtype=args.dtype, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                           repeats=args.repeats, warmup=args.warmup, quant=args.quant, group_size=args.group_size)
     harness.print_result(result, args.json, columns=list(ENGINES) if args.compare else None)
+    harness.warn_if_busy(result)
     return 0

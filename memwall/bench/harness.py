@@ -85,6 +85,16 @@ def environment(device: str) -> dict:
             **{name.lower(): os.environ[name] for name in THREAD_VARIABLES if name in os.environ}}
 
 
+def warn_if_busy(result: dict) -> None:
+    """On stderr: a CPU result taken while other work wanted the cores is not worth much alone."""
+    load, threads = result.get("load_average_1min"), result.get("threads") or 1
+    if result.get("device") == "cpu" and load is not None and load > threads:
+        print(f"memwall bench: the 1-minute load average was {load:.1f} on {threads} threads: other programs "
+              "competed for the cores, so absolute times are inflated (ratios from one run hold up better). "
+              "On a shared machine, OMP_WAIT_POLICY=PASSIVE stops idle OpenMP threads from spinning.",
+              file=sys.stderr)
+
+
 # ---- repeats and medians -----------------------------------------------------------------------
 
 class _NoProgress:
