@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ch01_02.cells import write  # noqa: E402
+from nbcells import write  # noqa: E402
 
 NOTEBOOKS = {
     "chapters/01_two_phases.ipynb": "ch01_02.chapter01",

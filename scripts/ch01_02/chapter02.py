@@ -1,6 +1,6 @@
 """Chapter 2, "Arithmetic intensity and the roofline": matmuls on this machine against the roofline."""
 
-from ch01_02.cells import code, md, notebook
+from nbcells import code, md, notebook
 
 SLUG = "ch02"
 

@@ -3,7 +3,7 @@
 Pure functions on made-up timings, so the notebook runs in seconds and never loads the model.
 """
 
-from ch01_02.cells import check, code, exercise, md, notebook
+from nbcells import check, code, exercise, md, notebook
 
 SLUG = "ex01"
 

@@ -1,6 +1,6 @@
 """Exercises of chapter 2 (solution notebook): intensity, the roofline, the ridge point."""
 
-from ch01_02.cells import check, code, exercise, md, notebook
+from nbcells import check, code, exercise, md, notebook
 
 SLUG = "ex02"
 

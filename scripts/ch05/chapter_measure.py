@@ -1,6 +1,6 @@
 """Chapter 5, second half: SmolLM2-135M converted to MQA and MHA, measured; the calculator."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def conversion_cells():

@@ -1,6 +1,6 @@
 """Chapter 5, first half: the attention maths, and KV bytes for the catalog's real models."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def cells():

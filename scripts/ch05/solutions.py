@@ -1,6 +1,6 @@
 """Chapter 5 exercises (solutions notebook; `memwall exercises` makes the student copy)."""
 
-from ch01_02.cells import check, code, exercise, md, notebook
+from nbcells import check, code, exercise, md, notebook
 
 
 def build():

@@ -1,7 +1,7 @@
 """Chapter 6, batching: the ledger of a batched step, measured throughput, the KV cache taking over,
 static vs continuous batching, and the paged KV cache."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 from ch06 import chapter_serving
 

@@ -1,6 +1,6 @@
 """Chapter 6, second half: static vs continuous batching (simulated and real), the paged KV cache."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def cells():

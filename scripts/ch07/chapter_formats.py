@@ -1,6 +1,6 @@
 """Chapter 7, first half: bytes per weight, int8 and int4 by hand, GGUF Q4_1 decoded by hand."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def cells():

@@ -1,6 +1,6 @@
 """Chapter 7, second half: decode speed per format, the cost of dequantizing, quality, the KV cache."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def speed_cells():

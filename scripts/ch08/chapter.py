@@ -1,6 +1,6 @@
 """Chapter 8, speculative decoding: the cells of chapters/08_speculative.ipynb."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def cells():

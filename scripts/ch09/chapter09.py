@@ -1,6 +1,6 @@
 """Chapter 9, "Measuring inference": the notebook's cells."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def cells():

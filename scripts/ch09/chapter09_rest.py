@@ -1,6 +1,6 @@
 """Chapter 9, second half: serving under load, open questions, and what to remember."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def serving_cells():

@@ -1,6 +1,6 @@
 """Chapter 9: percent of roofline for every technique in the book, in one table."""
 
-from ch01_02.cells import code, md
+from nbcells import code, md
 
 
 def cells():

@@ -1,4 +1,4 @@
-"""Cell builders shared by the chapter 1-2 notebook scripts.
+"""Cell builders shared by the notebook scripts (scripts/make_ch*.py).
 
 Cell ids are derived from the notebook's slug and the cell's position, so regenerating a notebook
 changes nothing unless its content changed (the exercise sync test compares cell ids).
