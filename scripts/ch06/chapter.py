@@ -54,7 +54,7 @@ def intro_cells():
         from memwall.hardware import get_hardware, measure
         from memwall.specs import get_spec
 
-        torch.manual_seed(0)
+        torch.manual_seed(0);
         """),
     ]
 
@@ -96,10 +96,11 @@ def ledger_cells():
         display(Markdown("SmolLM2-135M, fp32, 512 cached tokens per sequence\\n\\n" + "\\n".join(rows)))
         """),
         md(r"""
-        The weights column never changes. The FLOPs grow with B, and at short context the intensity grows
-        almost as fast: a 4-byte weight read once feeds $2B$ FLOPs, so the intensity is close to $B/2$
-        FLOPs per byte in fp32, and close to $B$ with 2-byte weights. The KV column grows with B as well,
-        and it slows that growth down. We come back to it below.
+        The weights column never changes, and the FLOPs grow with B. A 4-byte weight read once feeds $2B$
+        FLOPs, so if the weights were the only bytes, the intensity would be $B/2$ FLOPs per byte in fp32
+        (and $B$ with 2-byte weights). The first rows of the table are close to that. But the KV column grows
+        with B as well, and at 512 tokens it soon rivals the weights. In the lower rows the intensity
+        therefore falls far below $B/2$ and levels off. We come back to this below.
 
         ## Where the ridge point lies
 
@@ -118,6 +119,7 @@ def ledger_cells():
               f"-> ridge point {cpu_ridge:.1f} FLOPs/byte")
         print(f"H100 SXM:     {h100.memory_bandwidth / 1e12:.2f} TB/s, {cost.peak_flops(h100, 'bf16') / 1e12:.0f} "
               f"TFLOP/s dense bf16 -> ridge point {h100_ridge:.0f} FLOPs/byte")
+        print(f"the H100's ridge point is {h100_ridge / cpu_ridge:.0f}x this machine's")
 
         def first_compute_bound_batch(spec, hardware, dtype, context, largest=4096):
             for batch in range(1, largest + 1):
@@ -154,10 +156,13 @@ def ledger_cells():
         plt.show()
         """),
         md(r"""
-        At short context the lines rise in step with B. With 2-byte weights an H100 needs about as many
-        sequences as its ridge point, roughly 295, before decode stops being memory-bound. A CPU like this one
-        has a ridge point of a few FLOPs per byte (printed above), two orders of magnitude lower, so a
-        handful of sequences gets it there. The dashed lines bend
+        At short context the lines rise in step with B. A step becomes compute-bound where its line crosses
+        the ridge point, and the cell above printed that batch size for both machines. With 2-byte weights
+        the intensity is at most about B, and with 4-byte weights about B/2. The KV and activation bytes
+        lower it further, so the first compute-bound B lies above the ridge point (2-byte weights) or above
+        twice the ridge point (4-byte weights). For Llama 3 8B on an H100 that takes hundreds of sequences.
+        Where this machine's ridge point is much lower than the H100's, as on a CPU (the ratio is printed
+        above), far fewer sequences get it there: compare the two printed batch sizes. The dashed lines bend
         over: at 2048 tokens each extra sequence adds KV bytes as fast as it adds FLOPs. The intensity then
         tends to $2N / (\text{context} \times \text{KV bytes per token})$ however large B gets, and for Llama 3
         8B at 2048 tokens that limit is below the H100's ridge. No batch size makes it compute-bound. The
@@ -276,17 +281,22 @@ def measured_cells():
         plt.show()
         """),
         md("""
-        Read the two panels together. On the left, total throughput rises with B. As long as the measured
-        line hugs the gray B× line, the extra users are free. On the right, each user's time per token
-        stays nearly flat at first and then climbs. A flat right panel and a steep left panel are the
-        signature of memory-bound decode. When the right panel starts to climb, the left one flattens,
-        because every extra user now pays for their own FLOPs.
+        Read the two panels together. In the memory-bound ideal, the cost model's dashed lines show the
+        signature: each user's time per token (right) stays flat while B grows, and total throughput (left)
+        rises in step with B. Past the ridge point the dashed step time climbs and the throughput flattens,
+        because every extra user now pays for their own FLOPs. The extra users are really free only as long as
+        the measured throughput hugs the gray B× line and the measured step time stays flat.
 
-        The cost model is a ceiling, and the measurement can only land under it. Where it lands well under
-        at small B, the usual reason on a CPU is the one chapter 1 measured: a SmolLM2 step is a few hundred
-        small operations, and their Python and dispatch overhead is comparable to the time spent moving
-        bytes. That overhead is paid once per step whatever B is, so batching amortises it too. This is why
-        the measured gain can come closer to B× than the roofline's own ratio of step times.
+        The cost model is a ceiling, and the measurement can only land under it. The last column of the
+        table says how far under, for each B. Two kinds of cost pull it down, and they change with B in
+        opposite ways. The first is the per-step overhead chapter 3 measured: a SmolLM2 step is a few
+        hundred small operations, each with its Python and dispatch cost. That cost is paid once per step,
+        whatever B is, so batching amortises it, and on its own it would make the last column rise with B.
+        The second is the matrix multiplies themselves. A kernel that is much slower with a few rows than with
+        one makes the step time climb long before the ridge point, and the last column then falls as B grows.
+        Where the measured step time climbs from the first doublings of B, the second cost dominates. On a
+        CPU this is common: the fp32 matmul kernels of MKL (the BLAS that PyTorch uses on x86) are tuned for
+        one row or for many, and the next section measures them at a few.
 
         ### Why this CPU falls short at larger B: small-M matrix multiplies
 

@@ -170,6 +170,10 @@ def scheduling_cells():
                         f"| {statistics.mean(s.batch_sizes):.2f} | {statistics.mean(r['waits']):.2f} s |")
         display(Markdown("SmolLM2-135M on this machine, 10 requests, batch ≤ 4 (both modes produce identical tokens)\\n\\n" + "\\n".join(rows)))
         print("answer lengths:", [len(r.tokens) for r in real["continuous"]["results"]])
+        for mode, r in real.items():
+            sizes = r["scheduler"].batch_sizes
+            print(f"{mode}: {len(sizes)} decode steps, mean batch {statistics.mean(sizes):.2f} of at most "
+                  f"{r['scheduler'].max_batch}, largest {max(sizes)}, {sizes.count(1)} steps with a single request")
 
         fig, ax = plt.subplots(figsize=(8, 3))
         for mode, style in [("static", "--"), ("continuous", "-")]:
@@ -180,9 +184,16 @@ def scheduling_cells():
         plt.show()
         """),
         md("""
-        Both runs produce the same tokens for every request. They differ in how full the batch is. Under
-        static batching it sags at the end of each batch, and under continuous batching it stays near
-        the limit while requests wait. The table gives this run's throughput and waiting times.
+        Both runs produce the same tokens for every request. They differ in when a waiting request may join.
+        Under static batching a batch takes only the requests that have arrived when it starts, and nobody
+        else until its longest answer is done. One long answer then decodes in a nearly empty batch, while
+        the requests that arrive meanwhile queue behind it. Under continuous batching a waiting request joins
+        at the next step, so the batch holds every request that has arrived and not finished, up to the
+        limit. The lines under the table give each mode's mean and largest batch, and how many steps decoded
+        a single request. How full even the continuous batch gets depends on the stream. Many answers here
+        are short (their lengths are printed above), and an answer that ends with its first token finishes
+        in its prefill and never joins a decode step. The batch can only be as full as the arrivals keep it.
+        The table gives this run's throughput and waiting times.
         """),
     ]
 
@@ -314,8 +325,9 @@ def closing_cells():
           grows almost B-fold and each user's time per token barely moves. Of the three levers, batching is
           "more tokens per weight read", not fewer bytes.
         - **The ridge point sets where that stops.** Past it, extra users pay for their own FLOPs. An H100
-          (about 295 FLOPs per byte in bf16) needs hundreds of concurrent sequences to get there. A CPU gets
-          there with a few, which is why a 2-core machine cannot reach 16× at B = 16.
+          (about 295 FLOPs per byte in bf16, from its datasheet) needs hundreds of concurrent sequences to
+          get there. A CPU, whose ridge point is far lower, gets there with the much smaller B printed in the
+          ridge-point section. Where that B is below 16, B = 16 cannot give 16× the tokens/s of B = 1.
         - **The KV cache takes over at long context × large batch** {cite}`pope2022efficiently`. Once
           B × context × KV bytes per token passes the weight bytes, each user brings their own memory bill,
           and past a certain context no batch size makes decode compute-bound. GQA and MQA push that point

@@ -110,7 +110,7 @@ def cells():
               f"{relative_rms(dequantize_int8(mw_codes, mw_scales) - W, W):.3%}")
         """),
         md(r"""
-        Well under 1% relative error. Large models make int8 harder than this: Dettmers et al. found that
+        Under 1% relative error. Large models make int8 harder than this: Dettmers et al. found that
         from about 6.7B parameters on, a few hidden dimensions carry activations about 100× larger than
         the rest, and rounding those *activations* to int8 breaks the model. LLM.int8() therefore
         multiplies those few dimensions in 16-bit {cite}`dettmers2022llmint8`. Weight-only quantization

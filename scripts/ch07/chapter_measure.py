@@ -74,17 +74,21 @@ def speed_cells():
         """),
         md(r"""
         Read the table with chapter 3's ledger in mind. The "not bytes" column is the step time minus the
-        time needed to read the step's bytes at the measured bandwidth. Compare it across the formats. The
-        part that does not shrink with the bytes is the fixed cost of each step: dozens of small operations
-        per layer (norms, rotary embeddings, attention, casts), each dispatched from Python. Quantization
-        shrinks only the byte part. So the further the bytes fall, the more this fixed cost dominates, and
+        time needed to read the step's bytes at the measured bandwidth. Compare it across the formats. It is
+        not one fixed number, because it mixes two costs. One is paid by every format alike: dozens of small
+        operations per layer (norms, rotary embeddings, attention, casts), each dispatched from Python. The
+        other belongs to the kernel: a matmul that reads its weights slower than the streaming bandwidth
+        adds time that the bytes alone do not explain. The next section measures each kernel's read rate.
+        Quantization shrinks only the bytes. So the further the bytes fall, the more the rest dominates, and
         the speed-up stays below the byte ratio (Amdahl's law). The bytes set the ceiling, and the overhead
-        decides how close you get to it. An engine that runs the whole step in compiled code, as llama.cpp
-        does, can get much closer to the ceiling.
+        and the kernels decide how close you get to it. An engine that runs the whole step in compiled code,
+        as llama.cpp does, can get much closer to the ceiling.
 
-        bf16 halves the bytes. This CPU has no bf16 arithmetic, so every multiply first converts both
-        operands to fp32. Compare its tokens/s with fp32 in the lines above. Fewer bytes pay off only when
-        the kernel's arithmetic keeps up with them.
+        bf16 halves the bytes. Compare its tokens/s with fp32 in the lines above. Where bf16 comes out
+        slower than fp32, the kernel is the cause, not the bytes. On a CPU the engine's bf16 layers run the
+        split-K batched matmul (chapter 3), and on a CPU without fast bf16 support that path can be far
+        slower than its fp32 version. Chapter 3's bf16 `F.linear` is a different kernel, and there bf16 can
+        win. Fewer bytes pay off only when the kernel's arithmetic keeps up with them.
         """),
     ]
 
@@ -330,7 +334,9 @@ def kv_cells():
 
         - Weight-only quantization reduces **weight bytes**, the fixed cost of every step. From fp32,
           int8 is 4× fewer and int4-g32 (or Q4_1, both 5 bits per weight) 6.4× fewer. The ceiling rises by
-          the same factor; the measured speed-up is smaller, because the per-step overhead does not shrink.
+          the same factor; the measured speed-up is smaller, because the per-step overhead does not shrink,
+          and because the packed kernels can read their bytes below the streaming bandwidth (the section on
+          dequantizing prints each kernel's read rate).
         - Bytes turn into speed only when the kernel reads the packed bytes and dequantizes in registers.
           A "dequantize, then matmul" path moves more bytes than fp32, and a kernel without a SIMD path can
           be compute-bound on a few bytes.
