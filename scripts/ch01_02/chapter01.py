@@ -175,9 +175,11 @@ def cells():
         plt.show()
         """),
         md("""
-        The left panel is a straight line: each prompt token adds about the same amount of prefill
-        work (attention adds a little more per token as the prompt grows, which is hard to see at
-        these lengths). The right panel shows why decode feels slow. A decode step costs about the
+        The left panel is close to a straight line: each prompt token adds about the same amount of
+        prefill work. Attention adds a little more per token as the prompt grows, because each new
+        token attends to all the earlier ones; the "prefill ms/token" column of the table shows how
+        much that adds at these lengths on this machine (at the shortest prompts the fixed cost of
+        the call raises that column too). The right panel shows why decode feels slow. A decode step costs about the
         same whatever the prompt length, and it costs far more than one prompt token does in
         prefill, even though both push one token through the same 30 layers.
 
@@ -248,8 +250,11 @@ def cells():
         """),
         md("""
         The error printed above is the test of the model "one call = one prefill + a string of decode
-        steps". The measured parts add up to the whole by definition; the interesting part is that
-        numbers taken from *other* prompts predict it, to within the noise of a shared machine. For a short
+        steps". The measured parts add up to the whole by definition; the interesting part is how well
+        numbers taken from *other* prompts predict it. The total is mostly decode steps, each
+        predicted from many timed steps. TTFT is a single short call read off a fitted line, so one
+        slow moment on a shared machine can move it by a larger fraction than it moves the total:
+        compare the predicted and measured TTFT above with the error in the total. For a short
         question and a long answer, as here, nearly all the waiting is decode. A long document
         with a short answer (summarising, classifying) flips that, and then TTFT dominates.
 

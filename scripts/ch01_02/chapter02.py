@@ -168,6 +168,10 @@ def cells():
         for m, t, rate, i in zip(rows, seconds, achieved, intensity):
             bound = min(peak, i * bandwidth)
             print(f"{m:>5} {t * 1e3:>9.2f} {rate / 1e9:>9.1f} {rate / i / 1e9:>7.1f} {i:>11.2f} {100 * rate / bound:>13.0f}%")
+        above = [m for m, rate, i in zip(rows, achieved, intensity) if rate > min(peak, i * bandwidth)]
+        if above:
+            print(f"\\nabove 100% at M = {', '.join(map(str, above))}: the roofs are single measurements "
+                  f"(one square matmul, one stream) taken earlier on a shared machine, so a sweep point can beat them")
         """),
         code("""
         def rows_to_reach_ridge(k, n, bytes_per_element, ridge):
@@ -205,9 +209,15 @@ def cells():
         md("""
         Read the left panel from left to right. Below the ridge an ideal kernel climbs the slanted
         line: every call streams the same weight, so the time should barely change while the FLOPs
-        double with each extra power of two in $M$. Past the ridge the points should flatten out
+        double with each extra power of two in $M$. Real libraries need not behave like that: the
+        "ms" column shows whether this one does. One that runs $M = 1$ through a matrix-vector
+        kernel and a few rows through a general matmul kernel tuned for other shapes can take
+        several times as long for $M$ = 2 to 32 as for $M = 1$, although it moves about the same
+        bytes. Past the ridge the points should flatten out
         under the roof, where doubling the rows doubles the time. The "% of roofline" column in the
-        table says how close this machine's matmul library comes at each shape. The roof is a
+        table says how close this machine's matmul library comes at each shape. The roof itself is
+        one measurement of one square matmul and one stream, so on a noisy machine a sweep point can
+        land above it (the table says so when that happens). The roof is a
         ceiling, not a promise: a library tuned for big square matrices can sit well below it for
         thin shapes, and on a shared machine other processes take their share of both roofs.
 

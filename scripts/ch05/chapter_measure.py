@@ -216,18 +216,21 @@ def calculator_cells():
         the Python over a grid of inputs:
         """),
         code("""
-        display(HTML(static_calculator.html(model="llama-3.1-8b", hardware="h100-sxm", context=32768, batch=16)))
+        display(HTML(static_calculator.html(model="llama-3.1-8b", hardware="h100-sxm", context=32768, batch=8)))
         """),
         md("""
-        Try the KV-heads menu: set Llama 3.1 8B to 32 KV heads (MHA) and watch the bar overflow, then to 1
-        (MQA). Then try Llama 2 70B on an H100 in bf16, in int4-g128 and with an fp8 cache. The same numbers
-        from Python:
+        The calculator starts at Llama 3.1 8B as released, with 8 KV heads (GQA), serving 8 users at 32k
+        tokens each. Try the KV-heads menu: set 32 KV heads (MHA), as if the model had kept one KV head per
+        query head, and compare the bar with the default; then set 1 (MQA). Then try Llama 2 70B on an H100
+        in bf16, in int4-g128 and with an fp8 cache. The same three KV-head settings from Python (the first
+        line is the model's own setting, and each line says whether it fits):
         """),
         code("""
         for kv_heads in (None, 32, 1):
-            f = cost.calc("llama-3.1-8b", "h100-sxm", dtype="bf16", context=32768, batch=16, kv_heads=kv_heads)
-            print(f"llama-3.1-8b with {f['n_kv_heads']:>2} KV heads, 16 users x 32k: needs {f['memory_needed_bytes'] / 1e9:6.1f} GB "
-                  f"of {f['memory_bytes'] / 1e9:.0f} GB; max users {f['max_users']:>3}; "
+            f = cost.calc("llama-3.1-8b", "h100-sxm", dtype="bf16", context=32768, batch=8, kv_heads=kv_heads)
+            print(f"llama-3.1-8b with {f['n_kv_heads']:>2} KV heads, {f['batch']} users x {f['context'] // 1024}k: "
+                  f"needs {f['memory_needed_bytes'] / 1e9:6.1f} GB of {f['memory_bytes'] / 1e9:.0f} GB "
+                  f"({'fits' if f['fits'] else 'does not fit'}); max users {f['max_users']:>3}; "
                   f"ceiling {f['tokens_per_s_per_user']:5.1f} tok/s per user, {f['tokens_per_s_total']:6.0f} total")
         """),
         md("""
@@ -235,7 +238,7 @@ def calculator_cells():
         calls `memwall.cost` in Python on every change. Run the next cell to get it:
         """),
         code("""
-        cache_calculator(model="llama-3.1-8b", hardware="h100-sxm", context=32768, batch=16)
+        cache_calculator(model="llama-3.1-8b", hardware="h100-sxm", context=32768, batch=8)
         """, tags=["remove-output"]),
         md("""
         ## What to remember

@@ -35,14 +35,18 @@ def cells():
         processes, the operating system and frequency changes all add noise, and almost all of it makes a
         run *slower*. Four habits make measurements trustworthy.
 
-        **Warm up.** The first call of anything pays for one-off work: memory allocation, thread-pool start-up,
-        lazy initialisation, filling caches. Time a few calls and throw them away.
+        **Warm up.** The first call of anything can pay for one-off work: memory allocation, thread-pool
+        start-up, lazy initialisation, filling caches. Time a few calls and throw them away. Below, a model
+        that has never run decodes five tokens with no prefill first, so step 1 is its very first call:
         """),
         code("""
         def time_decode_steps(model, n_steps, context=64):
-            \"\"\"Wall time of each of n_steps decode steps after a short prefill, in seconds.\"\"\"
+            \"\"\"Wall time of each of n_steps decode steps after a prefill of `context` tokens, in seconds.\"\"\"
             cache = model.new_cache(max_tokens=context + n_steps + 1)
-            token = prefill(model, torch.randint(0, 1000, (1, context)), cache).argmax(-1)
+            if context:
+                token = prefill(model, torch.randint(0, 1000, (1, context)), cache).argmax(-1)
+            else:
+                token = torch.randint(0, 1000, (1,))  # no prefill: the first step is the model's first call
             times = []
             for _ in range(n_steps):
                 start = time.perf_counter()
@@ -50,10 +54,21 @@ def cells():
                 times.append(time.perf_counter() - start)
             return times
 
-        fresh = Transformer.from_hf(hf_model)   # never run: its first steps include the one-off costs
-        first = time_decode_steps(fresh, 5)
+        fresh = Transformer.from_hf(hf_model)   # never run
+        first = time_decode_steps(fresh, 5, context=0)
         print("first five steps of a fresh model (ms):", " ".join(f"{t * 1e3:.0f}" for t in first))
+        ratio = first[0] / statistics.median(first[1:])
+        print(f"step 1 took {ratio:.1f}x the median of steps 2-5 -> "
+              + ("the one-off costs show" if ratio > 1.3 else "no clear one-off cost this time"))
         del fresh
+        """),
+        md("""
+        How much the first call costs depends on what ran before it. In this notebook the hardware
+        measurement and the model loading have already started PyTorch's thread pool, so a fresh model's
+        first step may cost little extra; in a new process, or on a GPU (where the first call also loads
+        kernels and picks algorithms), it can cost several normal steps. The last line says what it cost
+        here. Either way the habit is cheap: discard the first calls, so that what you time is the steady
+        state and not the start-up.
         """),
         md("""
         **Repeat and take the median; report the spread.** A single timing is one draw from a skewed
