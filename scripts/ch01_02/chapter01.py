@@ -65,10 +65,14 @@ def cells():
         with torch.inference_mode():
             reference_logits = hf_model(probe).logits[0, -1]
             engine_logits = model(probe)[0, -1]
-        print(f"loaded in {time.perf_counter() - started:.1f} s; {spec.n_params / 1e6:.0f}M parameters, "
-              f"{cost.weight_bytes(spec, 'fp32') / 1e6:.0f} MB in fp32, {torch.get_num_threads()} threads")
-        print(f"same next token as transformers: {bool(reference_logits.argmax() == engine_logits.argmax())}, "
-              f"largest logit difference {float((reference_logits - engine_logits).abs().max()):.1e}")
+        print(f"loaded in {time.perf_counter() - started:.1f} s; "
+              f"{spec.n_params / 1e6:.0f}M parameters, "
+              f"{cost.weight_bytes(spec, 'fp32') / 1e6:.0f} MB in fp32, "
+              f"{torch.get_num_threads()} threads")
+        print("same next token as transformers: "
+              f"{bool(reference_logits.argmax() == engine_logits.argmax())}, "
+              "largest logit difference "
+              f"{float((reference_logits - engine_logits).abs().max()):.1e}")
         del hf_model  # from here on only the engine runs
         """),
         md("""
@@ -81,7 +85,8 @@ def cells():
         code("""
         @torch.inference_mode()
         def timed_generate(model, prompt_ids, new_tokens):
-            \"\"\"Greedy generation; returns the tokens and when each one was ready (s since the call).\"\"\"
+            \"\"\"Greedy generation; returns the tokens and when each one was ready
+            (s since the call).\"\"\"
             cache = model.new_cache(batch=1, max_tokens=len(prompt_ids) + new_tokens)
             start = time.perf_counter()
             # Prefill: the whole prompt in one pass; only the last position's logits are needed.
@@ -107,7 +112,8 @@ def cells():
         theirs = generate(model, question, 8, Sampling(temperature=0.0))
         ttft, tpot = ttft_and_tpot(times)
         print(f"same tokens as memwall.engine.generate: {ours == theirs.tokens}")
-        print(f"TTFT {ttft * 1e3:.0f} ms, TPOT {tpot * 1e3:.0f} ms for a {len(question)}-token prompt")
+        print(f"TTFT {ttft * 1e3:.0f} ms, "
+              f"TPOT {tpot * 1e3:.0f} ms for a {len(question)}-token prompt")
         """),
         md("""
         ## Prefill grows with the prompt; decode does not
@@ -119,11 +125,12 @@ def cells():
         """),
         code("""
         paragraph = (
-            "Long before computers could talk, people wrote down the rules of language in grammars and "
-            "dictionaries. A modern language model learns those rules from examples instead: it reads "
-            "a great deal of text and adjusts its weights until it predicts each next word well. When "
-            "you ask it a question it does the same thing, one word at a time, and every word costs a "
-            "full pass over all of its weights. "
+            "Long before computers could talk, people wrote down the rules of language in "
+            "grammars and dictionaries. A modern language model learns those rules from "
+            "examples instead: it reads a great deal of text and adjusts its weights until "
+            "it predicts each next word well. When you ask it a question it does the same "
+            "thing, one word at a time, and every word costs a full pass over all of its "
+            "weights. "
         )
         long_text = tokenizer(paragraph * 20)["input_ids"]
         prompt_lengths = [16, 32, 64, 128, 256, 512, 1024]
@@ -148,18 +155,23 @@ def cells():
         """),
         code("""
         slope_ms, intercept_ms = np.polyfit(prompt_lengths, ttft_ms, 1)
-        print(f"TTFT ≈ {intercept_ms:.0f} ms + {slope_ms:.2f} ms × prompt tokens (least-squares line)")
-        print(f"TTFT grew {ttft_ms[-1] / ttft_ms[0]:.0f}× from {prompt_lengths[0]} to {prompt_lengths[-1]} "
+        print(f"TTFT ≈ {intercept_ms:.0f} ms + {slope_ms:.2f} "
+              "ms × prompt tokens (least-squares line)")
+        print(f"TTFT grew {ttft_ms[-1] / ttft_ms[0]:.0f}× from "
+              f"{prompt_lengths[0]} to {prompt_lengths[-1]} "
               f"tokens; TPOT changed by {tpot_ms[-1] / tpot_ms[0]:.2f}×")
-        print(f"per token: prefill {ttft_ms[-1] / prompt_lengths[-1]:.2f} ms at {prompt_lengths[-1]} tokens, "
-              f"decode {np.median(tpot_ms):.1f} ms, {np.median(tpot_ms) / (ttft_ms[-1] / prompt_lengths[-1]):.0f}× more")
+        print("per token: "
+              f"prefill {ttft_ms[-1] / prompt_lengths[-1]:.2f} ms at {prompt_lengths[-1]} tokens, "
+              f"decode {np.median(tpot_ms):.1f} ms, "
+              f"{np.median(tpot_ms) / (ttft_ms[-1] / prompt_lengths[-1]):.0f}× more")
 
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         left.plot(prompt_lengths, ttft_ms, "o", color="C0", label="measured (median)")
         fit_x = np.linspace(0, max(prompt_lengths), 50)
         left.plot(fit_x, intercept_ms + slope_ms * fit_x, "--", color="C0", alpha=0.6,
                   label=f"{intercept_ms:.0f} ms + {slope_ms:.2f} ms/token")
-        left.set(xlabel="prompt length (tokens)", ylabel="TTFT (ms)", title="Prefill: time to first token")
+        left.set(xlabel="prompt length (tokens)", ylabel="TTFT (ms)",
+                 title="Prefill: time to first token")
         left.set_ylim(bottom=0)
         left.legend()
         right.plot(prompt_lengths, tpot_ms, "o-", color="C1", label="decode: time per output token")
@@ -191,7 +203,8 @@ def cells():
         code("""
         longest = prompt_lengths[-1]
         prefill_cost = cost.step(spec, new_tokens=longest, weight_dtype="fp32")
-        # The engine computes logits for the last prompt position only; drop the other rows' LM head.
+        # The engine computes logits for the last prompt
+        # position only; drop the other rows' LM head.
         prefill_flops = prefill_cost.flops - 2 * (longest - 1) * spec.n_lm_head_params
         decode_cost = cost.step(spec, context=longest, new_tokens=1, weight_dtype="fp32")
         prefill_s, decode_s = ttft_ms[-1] / 1e3, tpot_ms[-1] / 1e3
@@ -199,11 +212,13 @@ def cells():
         print(f"{'':26}{'prefill':>12}{'decode step':>14}")
         print(f"{'tokens processed':26}{longest:>12}{1:>14}")
         print(f"{'FLOPs (G)':26}{prefill_flops / 1e9:>12.1f}{decode_cost.flops / 1e9:>14.2f}")
-        print(f"{'bytes moved (MB)':26}{prefill_cost.total_bytes / 1e6:>12.0f}{decode_cost.total_bytes / 1e6:>14.0f}")
+        print(f"{'bytes moved (MB)':26}{prefill_cost.total_bytes / 1e6:>12.0f}"
+              f"{decode_cost.total_bytes / 1e6:>14.0f}")
         print(f"{'FLOPs per byte':26}{prefill_flops / prefill_cost.total_bytes:>12.1f}"
               f"{decode_cost.arithmetic_intensity:>14.2f}")
         print(f"{'measured time (ms)':26}{prefill_s * 1e3:>12.0f}{decode_s * 1e3:>14.1f}")
-        print(f"{'achieved GFLOP/s':26}{prefill_flops / prefill_s / 1e9:>12.1f}{decode_cost.flops / decode_s / 1e9:>14.1f}")
+        print(f"{'achieved GFLOP/s':26}{prefill_flops / prefill_s / 1e9:>12.1f}"
+              f"{decode_cost.flops / decode_s / 1e9:>14.1f}")
         print(f"{'achieved GB/s':26}{prefill_cost.total_bytes / prefill_s / 1e9:>12.2f}"
               f"{decode_cost.total_bytes / decode_s / 1e9:>14.1f}")
         """),
@@ -225,23 +240,29 @@ def cells():
         so the prediction uses the measured TPOT at the answer's average context length.
         """),
         code("""
-        chat = [{"role": "user", "content": "Why do language models generate text one token at a time?"}]
-        prompt_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
+        chat = [{"role": "user",
+                 "content": "Why do language models generate text one token at a time?"}]
+        prompt_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True,
+                                                   return_dict=True)["input_ids"]
         answer_tokens = 200
 
         predicted_ttft = (intercept_ms + slope_ms * len(prompt_ids)) / 1e3
-        predicted_tpot = np.interp(len(prompt_ids) + answer_tokens / 2, prompt_lengths, tpot_ms) / 1e3
+        predicted_tpot = np.interp(len(prompt_ids) + answer_tokens / 2, prompt_lengths,
+                                   tpot_ms) / 1e3
         predicted = predicted_ttft + (answer_tokens - 1) * predicted_tpot
 
         call_started = time.perf_counter()
-        answer = generate(model, prompt_ids, answer_tokens, Sampling(temperature=0.0), stop_tokens=())
+        answer = generate(model, prompt_ids, answer_tokens, Sampling(temperature=0.0),
+                          stop_tokens=())
         measured = time.perf_counter() - call_started
         measured_tpot = float(np.mean(answer.step_times_s))
 
         print(f"prompt: {len(prompt_ids)} tokens; answer: {len(answer.tokens)} tokens\\n")
         print(f"{'':16}{'TTFT ms':>9}{'TPOT ms':>9}{'latency s':>11}")
-        print(f"{'predicted':16}{predicted_ttft * 1e3:>9.0f}{predicted_tpot * 1e3:>9.1f}{predicted:>11.2f}")
-        print(f"{'measured':16}{answer.ttft_s * 1e3:>9.0f}{measured_tpot * 1e3:>9.1f}{measured:>11.2f}")
+        print(f"{'predicted':16}{predicted_ttft * 1e3:>9.0f}"
+              f"{predicted_tpot * 1e3:>9.1f}{predicted:>11.2f}")
+        print(f"{'measured':16}{answer.ttft_s * 1e3:>9.0f}"
+              f"{measured_tpot * 1e3:>9.1f}{measured:>11.2f}")
         print(f"\\nprediction off by {100 * (predicted - measured) / measured:+.0f}%; "
               f"TTFT + (n-1)·TPOT from the measured parts = "
               f"{answer.ttft_s + (len(answer.tokens) - 1) * measured_tpot:.2f} s")

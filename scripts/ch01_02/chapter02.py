@@ -70,11 +70,13 @@ def cells():
         K = N = 4096 if device.type == "cpu" else 8192
         rows = [2**i for i in range(13)]  # M = 1, 2, 4, ..., 4096
         print(f"[M x {K}] @ [{K} x {N}]")
-        print(f"{'M':>5} {'GFLOPs':>9} {'MB fp32':>9} {'FLOPs/byte fp32':>16} {'FLOPs/byte bf16':>16}")
+        print(f"{'M':>5} {'GFLOPs':>9} {'MB fp32':>9} "
+              f"{'FLOPs/byte fp32':>16} {'FLOPs/byte bf16':>16}")
         for m in rows:
             flops, fp32_bytes = matmul_flops_bytes(m, K, N, 4)
             _, bf16_bytes = matmul_flops_bytes(m, K, N, 2)
-            print(f"{m:>5} {flops / 1e9:>9.3f} {fp32_bytes / 1e6:>9.1f} {flops / fp32_bytes:>16.2f} {flops / bf16_bytes:>16.2f}")
+            print(f"{m:>5} {flops / 1e9:>9.3f} {fp32_bytes / 1e6:>9.1f} "
+                  f"{flops / fp32_bytes:>16.2f} {flops / bf16_bytes:>16.2f}")
         """),
         md("""
         ## This machine's roofline, measured
@@ -89,14 +91,17 @@ def cells():
         measured = hardware.measure(device)
         this_machine = measured.as_hardware()
         peak, bandwidth = measured.flops["fp32"], measured.bandwidth
-        print(f"{measured.device}, {measured.threads} threads (measured in {time.perf_counter() - started:.1f} s)")
+        print(f"{measured.device}, "
+              f"{measured.threads} threads (measured in {time.perf_counter() - started:.1f} s)")
         print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s, fp32 matmul {peak / 1e9:.1f} GFLOP/s")
         print(f"ridge point: {peak / bandwidth:.1f} FLOPs per byte")
 
         h100 = hardware.CATALOG["h100-sxm"]
         print(f"\\nH100 SXM (datasheet): {h100.memory_bandwidth / 1e12:.2f} TB/s, "
-              f"{h100.flops('bf16') / 1e12:.0f} dense bf16 TFLOP/s, ridge {h100.ridge_point('bf16'):.0f} FLOPs per byte")
-        print(f"the H100 computes {h100.flops('bf16') / peak:,.0f}× faster than this {device.type.upper()} in fp32, "
+              f"{h100.flops('bf16') / 1e12:.0f} dense bf16 TFLOP/s, "
+              f"ridge {h100.ridge_point('bf16'):.0f} FLOPs per byte")
+        print(f"the H100 computes {h100.flops('bf16') / peak:,.0f}× "
+              f"faster than this {device.type.upper()} in fp32, "
               f"but streams memory only {h100.memory_bandwidth / bandwidth:,.0f}× faster")
         """),
         md("""
@@ -132,7 +137,8 @@ def cells():
 
 
         def median_seconds(fn, repeats=5, min_total_s=0.2):
-            \"\"\"Median time of one call to fn(), over `repeats` samples of enough calls to be timeable.\"\"\"
+            \"\"\"Median time of one call to fn(), over `repeats` samples of enough calls
+            to be timeable.\"\"\"
             start = time.perf_counter()
             fn()  # warm-up, and a first guess at how many calls make a sample long enough to time
             synchronize()
@@ -164,18 +170,24 @@ def cells():
                 achieved.append(flops / t)
                 intensity.append(flops / moved)
         print(f"sweep took {time.perf_counter() - sweep_started:.0f} s\\n")
-        print(f"{'M':>5} {'ms':>9} {'GFLOP/s':>9} {'GB/s':>7} {'FLOPs/byte':>11} {'% of roofline':>14}")
+        print(f"{'M':>5} {'ms':>9} {'GFLOP/s':>9} {'GB/s':>7} "
+              f"{'FLOPs/byte':>11} {'% of roofline':>14}")
         for m, t, rate, i in zip(rows, seconds, achieved, intensity):
             bound = min(peak, i * bandwidth)
-            print(f"{m:>5} {t * 1e3:>9.2f} {rate / 1e9:>9.1f} {rate / i / 1e9:>7.1f} {i:>11.2f} {100 * rate / bound:>13.0f}%")
-        above = [m for m, rate, i in zip(rows, achieved, intensity) if rate > min(peak, i * bandwidth)]
+            print(f"{m:>5} {t * 1e3:>9.2f} {rate / 1e9:>9.1f} "
+                  f"{rate / i / 1e9:>7.1f} {i:>11.2f} {100 * rate / bound:>13.0f}%")
+        above = [m for m, rate, i in zip(rows, achieved, intensity)
+                 if rate > min(peak, i * bandwidth)]
         if above:
-            print(f"\\nabove 100% at M = {', '.join(map(str, above))}: the roofs are single measurements "
-                  f"(one square matmul, one stream) taken earlier on a shared machine, so a sweep point can beat them")
+            print(f"\\nabove 100% at M = {', '.join(map(str, above))}: "
+                  "the roofs are single measurements "
+                  "(one square matmul, one stream) taken earlier on a shared machine, "
+                  "so a sweep point can beat them")
         """),
         code("""
         def rows_to_reach_ridge(k, n, bytes_per_element, ridge):
-            \"\"\"Smallest M whose [M x k] @ [k x n] intensity reaches the ridge (None if none up to 2**20).\"\"\"
+            \"\"\"Smallest M whose [M x k] @ [k x n] intensity reaches the ridge
+            (None if none up to 2**20).\"\"\"
             for m in range(1, 2**20):
                 flops, moved = matmul_flops_bytes(m, k, n, bytes_per_element)
                 if flops / moved >= ridge:
@@ -186,24 +198,31 @@ def cells():
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
         (machine_line,) = roofline(left, this_machine, dtype="fp32", intensity_range=(0.1, 1000),
                                labels=[f"this {device.type.upper()} (measured roof)"],
-                               points={f"matmul [M x {K}] @ [{K} x {N}], fp32": (intensity, achieved)})
+                               points={f"matmul [M x {K}] @ [{K} x {N}], fp32":
+                                           (intensity, achieved)})
         for m, i, rate in zip(rows, intensity, achieved):
             if m in (1, 16, 256, 4096):
-                left.annotate(f"M={m}", (i, rate / 1e9), textcoords="offset points", xytext=(-10, 8), fontsize=8)
+                left.annotate(f"M={m}", (i, rate / 1e9), textcoords="offset points",
+                              xytext=(-10, 8), fontsize=8)
         left.set_title("This machine: measured")
 
-        bf16_intensity = [matmul_flops_bytes(m, K, N, 2)[0] / matmul_flops_bytes(m, K, N, 2)[1] for m in rows]
+        bf16_intensity = [matmul_flops_bytes(m, K, N, 2)[0] / matmul_flops_bytes(m, K, N, 2)[1]
+                          for m in rows]
         bf16_bound = [min(h100.flops("bf16"), i * h100.memory_bandwidth) for i in bf16_intensity]
-        (gpu_line,) = roofline(right, h100, dtype="bf16", labels=["H100 SXM, dense bf16 (datasheet)"],
+        (gpu_line,) = roofline(right, h100, dtype="bf16",
+                               labels=["H100 SXM, dense bf16 (datasheet)"],
                                colors=["C3"], flops_unit=1e12, flops_unit_name="TFLOP/s",
-                               points={"same shapes in bf16: roofline bound": (bf16_intensity, bf16_bound)})
+                               points={"same shapes in bf16: roofline bound":
+                                           (bf16_intensity, bf16_bound)})
         right.set_title("H100 SXM: datasheet roofline (not measured here)")
         fig.tight_layout()
         plt.show()
 
         print(f"rows needed to reach the ridge for a {K} x {N} weight: "
-              f"this {device.type.upper()} (fp32) M = {rows_to_reach_ridge(K, N, 4, machine_line['ridge'])}, "
-              f"H100 (bf16) M = {rows_to_reach_ridge(K, N, 2, gpu_line['ridge'])}; the H100's ridge is "
+              f"this {device.type.upper()} (fp32) M = "
+              f"{rows_to_reach_ridge(K, N, 4, machine_line['ridge'])}, "
+              f"H100 (bf16) M = {rows_to_reach_ridge(K, N, 2, gpu_line['ridge'])}; "
+              "the H100's ridge is "
               f"{gpu_line['ridge'] / machine_line['ridge']:.0f}× further right")
         """),
         md("""
@@ -255,14 +274,17 @@ def cells():
                 bound_seconds.append(max(flops / peak, moved / bandwidth))
 
         small = sizes.index(32)
-        print(f"n = 1 → 32: FLOPs grow {(32 / 1) ** 3:,.0f}×, measured time {call_seconds[small] / call_seconds[0]:.1f}×")
+        print(f"n = 1 → 32: FLOPs grow {(32 / 1) ** 3:,.0f}×, "
+              f"measured time {call_seconds[small] / call_seconds[0]:.1f}×")
         print(f"a 1 x 1 matmul takes {call_seconds[0] * 1e6:.1f} µs; the roofline allows "
               f"{bound_seconds[0] * 1e9:.2f} ns, {call_seconds[0] / bound_seconds[0]:,.0f}× less")
-        print(f"at n = {sizes[-1]} the measured time is {call_seconds[-1] / bound_seconds[-1]:.1f}× the roofline bound")
+        print(f"at n = {sizes[-1]} the measured time is "
+              f"{call_seconds[-1] / bound_seconds[-1]:.1f}× the roofline bound")
 
         fig, ax = plt.subplots(figsize=(6.5, 4))
         ax.plot(sizes, np.array(call_seconds) * 1e6, "o-", label="measured time per call")
-        ax.plot(sizes, np.array(bound_seconds) * 1e6, "--", color="gray", label="roofline bound max(F/P, Q/B)")
+        ax.plot(sizes, np.array(bound_seconds) * 1e6, "--", color="gray",
+                label="roofline bound max(F/P, Q/B)")
         ax.set(xscale="log", yscale="log", xlabel="matrix size n ([n x n] @ [n x n])",
                ylabel="time per call (µs)", title="Tiny matmuls are overhead-bound")
         ax.set_xticks(sizes, [str(n) for n in sizes])
@@ -291,7 +313,8 @@ def cells():
         for batch in [1, 4, 16, 64, 256, 1024]:
             step = cost.step("llama-3-8b", batch=batch, context=1024, weight_dtype="bf16")
             bound = "compute" if step.arithmetic_intensity >= h100.ridge_point("bf16") else "memory"
-            print(f"{batch:>6} {step.arithmetic_intensity:>11.2f} {step.kv_bytes / step.total_bytes:>17.0%} {bound + '-bound':>15}")
+            print(f"{batch:>6} {step.arithmetic_intensity:>11.2f} "
+                  f"{step.kv_bytes / step.total_bytes:>17.0%} {bound + '-bound':>15}")
         """),
         md("""
         At batch 1 the intensity is about one FLOP per byte, so decode runs at the bandwidth slope

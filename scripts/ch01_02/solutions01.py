@@ -47,7 +47,8 @@ def cells():
 
         compare_plot(end_to_end_latency, reference_end_to_end_latency,
                      x=("n_tokens", list(range(1, 1001, 10))),
-                     sliders={"ttft_s": (0.05, 5.0, 0.05, 0.5), "tpot_s": (0.005, 0.2, 0.005, 0.05)},
+                     sliders={"ttft_s": (0.05, 5.0, 0.05, 0.5),
+                              "tpot_s": (0.005, 0.2, 0.005, 0.05)},
                      xlabel="output tokens n", ylabel="seconds until the last token",
                      title="TTFT + (n - 1) x TPOT")
         """),
@@ -83,8 +84,10 @@ def cells():
             return times
 
 
-        compare_plot(lambda n_tokens, ttft_s, tpot_s: time_per_output_token(stream(n_tokens, ttft_s, tpot_s)),
-                     lambda n_tokens, ttft_s, tpot_s: reference_time_per_output_token(stream(n_tokens, ttft_s, tpot_s)),
+        compare_plot(lambda n_tokens, ttft_s, tpot_s:
+                         time_per_output_token(stream(n_tokens, ttft_s, tpot_s)),
+                     lambda n_tokens, ttft_s, tpot_s:
+                         reference_time_per_output_token(stream(n_tokens, ttft_s, tpot_s)),
                      x=("n_tokens", list(range(2, 200, 4))),
                      sliders={"ttft_s": (0.05, 3.0, 0.05, 1.0), "tpot_s": (0.01, 0.2, 0.01, 0.05)},
                      xlabel="tokens in the reply", ylabel="estimated TPOT (s)")
@@ -117,8 +120,10 @@ def cells():
             return [step_ms / 1e3] * 19 + [(step_ms + pause_ms) / 1e3]
 
 
-        compare_plot(lambda pause_ms, step_ms: decode_tokens_per_s(steps_with_pause(pause_ms, step_ms)),
-                     lambda pause_ms, step_ms: reference_decode_tokens_per_s(steps_with_pause(pause_ms, step_ms)),
+        compare_plot(lambda pause_ms, step_ms:
+                         decode_tokens_per_s(steps_with_pause(pause_ms, step_ms)),
+                     lambda pause_ms, step_ms:
+                         reference_decode_tokens_per_s(steps_with_pause(pause_ms, step_ms)),
                      x=("pause_ms", list(range(0, 2001, 50))),
                      sliders={"step_ms": (5, 200, 5, 50)},
                      xlabel="length of one pause (ms)", ylabel="decode tokens/s")
@@ -134,7 +139,8 @@ def cells():
         """),
         exercise("ch01.predict_ttft", "least-squares line through all the points", """
         def predict_ttft(prompt_lengths, ttfts_s, prompt_tokens):
-            \"\"\"TTFT (s) predicted for prompt_tokens by a least-squares line through the measurements.\"\"\"
+            \"\"\"TTFT (s) predicted for prompt_tokens by a least-squares line
+            through the measurements.\"\"\"
             ### BEGIN SOLUTION
             mean_x = sum(prompt_lengths) / len(prompt_lengths)
             mean_y = sum(ttfts_s) / len(ttfts_s)
@@ -155,13 +161,16 @@ def cells():
 
         def noisy_ttfts(ms_per_token, fixed_ms, noise):
             draw = random.Random(7)
-            return [(fixed_ms + ms_per_token * n) / 1e3 * draw.uniform(1 - noise, 1 + noise) for n in LENGTHS]
+            return [(fixed_ms + ms_per_token * n) / 1e3 * draw.uniform(1 - noise, 1 + noise)
+                    for n in LENGTHS]
 
 
         compare_plot(lambda prompt_tokens, ms_per_token, fixed_ms, noise:
-                         predict_ttft(LENGTHS, noisy_ttfts(ms_per_token, fixed_ms, noise), prompt_tokens),
+                         predict_ttft(LENGTHS, noisy_ttfts(ms_per_token, fixed_ms, noise),
+                                      prompt_tokens),
                      lambda prompt_tokens, ms_per_token, fixed_ms, noise:
-                         reference_predict_ttft(LENGTHS, noisy_ttfts(ms_per_token, fixed_ms, noise), prompt_tokens),
+                         reference_predict_ttft(LENGTHS, noisy_ttfts(ms_per_token, fixed_ms, noise),
+                                                prompt_tokens),
                      x=("prompt_tokens", list(range(16, 4097, 64))),
                      sliders={"ms_per_token": (0.5, 10.0, 0.5, 3.0), "fixed_ms": (0, 200, 10, 50),
                               "noise": (0.0, 0.3, 0.05, 0.1)},

@@ -78,7 +78,8 @@ def cells():
 
         compare_plot(in_tflops(attainable_flops), in_tflops(reference_attainable_flops),
                      x=("intensity", [0.1 * 1.25**i for i in range(62)]),
-                     sliders={"peak_tflops": (10.0, 2000.0, 1.0, 989.0), "bandwidth_tb_s": (0.1, 5.0, 0.05, 3.35)},
+                     sliders={"peak_tflops": (10.0, 2000.0, 1.0, 989.0),
+                              "bandwidth_tb_s": (0.1, 5.0, 0.05, 3.35)},
                      logx=True, logy=True, xlabel="FLOPs per byte", ylabel="attainable TFLOP/s")
         """),
         check("ch02.attainable", "attainable_flops", 2),
@@ -102,11 +103,14 @@ def cells():
         code("""
         from memwall.grading.checks.ch02 import reference_ridge_point
 
-        compare_plot(lambda bandwidth_tb_s, peak_tflops: ridge_point(peak_tflops * 1e12, bandwidth_tb_s * 1e12),
-                     lambda bandwidth_tb_s, peak_tflops: reference_ridge_point(peak_tflops * 1e12, bandwidth_tb_s * 1e12),
+        compare_plot(lambda bandwidth_tb_s, peak_tflops:
+                         ridge_point(peak_tflops * 1e12, bandwidth_tb_s * 1e12),
+                     lambda bandwidth_tb_s, peak_tflops:
+                         reference_ridge_point(peak_tflops * 1e12, bandwidth_tb_s * 1e12),
                      x=("bandwidth_tb_s", [0.1 * i for i in range(1, 51)]),
                      sliders={"peak_tflops": (10.0, 2000.0, 1.0, 989.0)},
-                     logy=True, xlabel="memory bandwidth (TB/s)", ylabel="ridge point (FLOPs per byte)")
+                     logy=True, xlabel="memory bandwidth (TB/s)",
+                     ylabel="ridge point (FLOPs per byte)")
         """),
         check("ch02.ridge", "ridge_point", 1),
         md("""
@@ -120,7 +124,8 @@ def cells():
         """),
         exercise("ch02.rows_to_ridge", "search m = 1, 2, 3, ... (or solve intensity(m) >= ridge for m)", """
         def rows_to_reach_ridge(k, n, bytes_per_element, peak_flops, bandwidth):
-            \"\"\"Smallest m whose [m x k] @ [k x n] matmul is compute-bound on this chip (math.inf if none).\"\"\"
+            \"\"\"Smallest m whose [m x k] @ [k x n] matmul is compute-bound on this chip
+            (math.inf if none).\"\"\"
             ### BEGIN SOLUTION
             ridge = peak_flops / bandwidth
             if 2 * k * n / (bytes_per_element * (k + n)) <= ridge:
@@ -145,11 +150,14 @@ def cells():
                 width, width, bytes_per_element, peak_tflops * 1e12, bandwidth_tb_s * 1e12)
 
 
-        compare_plot(for_square_layer(rows_to_reach_ridge), for_square_layer(reference_rows_to_reach_ridge),
+        compare_plot(for_square_layer(rows_to_reach_ridge),
+                     for_square_layer(reference_rows_to_reach_ridge),
                      x=("width", [256 * 2**i for i in range(8)]),
-                     sliders={"bytes_per_element": [2, 1, 4], "peak_tflops": (10.0, 2000.0, 1.0, 989.0),
+                     sliders={"bytes_per_element": [2, 1, 4],
+                              "peak_tflops": (10.0, 2000.0, 1.0, 989.0),
                               "bandwidth_tb_s": (0.1, 5.0, 0.05, 3.35)},
-                     logx=True, logy=True, xlabel="layer width k = n", ylabel="rows to reach the ridge")
+                     logx=True, logy=True, xlabel="layer width k = n",
+                     ylabel="rows to reach the ridge")
         """),
         check("ch02.rows_to_ridge", "rows_to_reach_ridge", 3),
     ]

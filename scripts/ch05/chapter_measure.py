@@ -23,7 +23,8 @@ def conversion_cells():
         H, G, d = model.n_heads, model.n_kv_heads, model.head_dim
 
         def mean_pool_heads(projection, n_heads, n_groups):
-            \"\"\"[n_heads * head_dim, in] -> [n_groups * head_dim, in]: each group of consecutive heads averaged.\"\"\"
+            \"\"\"[n_heads * head_dim, in] -> [n_groups * head_dim, in]:
+            each group of consecutive heads averaged.\"\"\"
             head_dim, per_group = projection.shape[0] // n_heads, n_heads // n_groups
             heads = projection.reshape(n_heads, head_dim, -1)
             pooled = [heads[g * per_group:(g + 1) * per_group].mean(dim=0) for g in range(n_groups)]
@@ -66,13 +67,16 @@ def conversion_cells():
         max_tokens = model.max_positions
         weight_bytes = model.weight_bytes_per_step()
         caches = {}
-        print(f"{'':>20} {'KV heads':>8} {'cache, 8k tokens':>17} {'per token':>10} {'vs weights':>10}")
+        print(f"{'':>20} {'KV heads':>8} {'cache, 8k tokens':>17} "
+              f"{'per token':>10} {'vs weights':>10}")
         for name, variant in variants.items():
             cache = variant.new_cache(max_tokens=max_tokens)
             per_token = cache.nbytes / max_tokens
-            assert per_token == cost.kv_bytes_per_token(spec.with_kv_heads(variant.n_kv_heads), "fp32")
+            assert per_token == cost.kv_bytes_per_token(spec.with_kv_heads(variant.n_kv_heads),
+                                                        "fp32")
             caches[name] = cache
-            print(f"{name:>20} {variant.n_kv_heads:>8} {cache.nbytes / 1e6:>14.0f} MB {per_token / 1024:>7.0f} KiB "
+            print(f"{name:>20} {variant.n_kv_heads:>8} "
+                  f"{cache.nbytes / 1e6:>14.0f} MB {per_token / 1024:>7.0f} KiB "
                   f"{cache.nbytes / weight_bytes:>9.2f}x")
         print(f"weights read per decode step: {weight_bytes / 1e6:.0f} MB")
         """),
@@ -86,12 +90,15 @@ def conversion_cells():
         """),
         code("""
         start = time.perf_counter()
-        scores = {name: quality.score(variants[name], eval_ids) for name in ("GQA (3, as trained)", "MQA (1 KV head)")}
+        scores = {name: quality.score(variants[name], eval_ids)
+                  for name in ("GQA (3, as trained)", "MQA (1 KV head)")}
         original, pooled = scores["GQA (3, as trained)"], scores["MQA (1 KV head)"]
         print(f"{len(eval_ids)} tokens, scored in {time.perf_counter() - start:.0f} s")
         for name, s in scores.items():
-            print(f"{name:>20}: perplexity {s.perplexity:10.1f}   next token right {100 * s.accuracy:4.1f}%")
-        print(f"MQA agrees with the original's top-1 prediction at {100 * pooled.agreement(original):.1f}% of positions")
+            print(f"{name:>20}: "
+                  f"perplexity {s.perplexity:10.1f}   next token right {100 * s.accuracy:4.1f}%")
+        print("MQA agrees with the original's top-1 prediction at "
+              f"{100 * pooled.agreement(original):.1f}% of positions")
         print(f"perplexity ratio MQA / original: {pooled.perplexity / original.perplexity:.0f}x")
         """),
         code("""
@@ -125,7 +132,8 @@ def timing_cells():
         several context lengths, alternating the three models in each round, and keep the medians.
         """),
         code("""
-        contexts = [8000, 4096, 1024]  # longest first: each step rolls the cache back to the context it measures
+        # longest first: each step rolls the cache back to the context it measures
+        contexts = [8000, 4096, 1024]
         for cache in caches.values():
             cache.keys.fill_(0.01)
             cache.values.fill_(0.01)
@@ -149,12 +157,14 @@ def timing_cells():
 
         print(f"{'context':>8}" + "".join(f"{name:>22}" for name in variants))
         for context in sorted(contexts):
-            print(f"{context:>8}" + "".join(f"{1000 * medians[name][context]:>19.1f} ms" for name in variants))
+            print(f"{context:>8}"
+                  + "".join(f"{1000 * medians[name][context]:>19.1f} ms" for name in variants))
         """),
         code("""
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
         for name in variants:
-            ax.plot(sorted(contexts), [1000 * medians[name][c] for c in sorted(contexts)], "o-", label=name)
+            ax.plot(sorted(contexts), [1000 * medians[name][c] for c in sorted(contexts)], "o-",
+                    label=name)
         ax.set_xlabel("context (tokens in the cache)")
         ax.set_ylabel("decode step, median (ms)")
         ax.set_title("SmolLM2-135M, fp32, batch 1, this machine")
@@ -167,16 +177,19 @@ def timing_cells():
         gqa = "GQA (3, as trained)"
         print(f"bytes read per step at {longest} tokens, and the step time, relative to GQA:")
         def bytes_read(name, context):  # every weight once, plus the cached tokens' keys and values
-            return variants[name].weight_bytes_per_step() + caches[name].nbytes * context / max_tokens
+            return (variants[name].weight_bytes_per_step()
+                    + caches[name].nbytes * context / max_tokens)
 
         for name in variants:
             read, read_gqa = bytes_read(name, longest), bytes_read(gqa, longest)
             print(f"{name:>20}: {read / 1e6:6.0f} MB ({read / read_gqa:.2f}x bytes), "
-                  f"{1000 * medians[name][longest]:6.1f} ms ({medians[name][longest] / medians[gqa][longest]:.2f}x time), "
+                  f"{1000 * medians[name][longest]:6.1f} ms "
+                  f"({medians[name][longest] / medians[gqa][longest]:.2f}x time), "
                   f"{read / medians[name][longest] / 1e9:5.1f} GB/s achieved")
         for name in variants:
             grown = medians[name][longest] - medians[name][shortest]
-            print(f"{name:>20}: +{1000 * grown:.1f} ms from {shortest} to {longest} tokens of context")
+            print(f"{name:>20}: "
+                  f"+{1000 * grown:.1f} ms from {shortest} to {longest} tokens of context")
         """),
         md("""
         Read the two ratio columns side by side. If a step were nothing but streaming bytes, the time ratio
@@ -196,8 +209,10 @@ def timing_cells():
             variant_spec = spec.with_kv_heads(kv_heads)
             per_user = cost.kv_cache_bytes(variant_spec, 8192, 1, "bf16")
             for_16 = cost.kv_cache_bytes(variant_spec, 8192, 16, "bf16")
-            print(f"{label:>18}: {cost.kv_bytes_per_token(variant_spec, 'bf16') / 1024:5.1f} KiB/token, "
-                  f"8k context: {per_user / 1e6:5.0f} MB per user, {for_16 / 1e9:5.2f} GB for 16 users "
+            print(f"{label:>18}: "
+                  f"{cost.kv_bytes_per_token(variant_spec, 'bf16') / 1024:5.1f} KiB/token, "
+                  f"8k context: {per_user / 1e6:5.0f} MB per user, "
+                  f"{for_16 / 1e9:5.2f} GB for 16 users "
                   f"(weights {cost.weight_storage_bytes(variant_spec, 'bf16') / 1e6:.0f} MB)")
         """),
     ]
@@ -216,7 +231,8 @@ def calculator_cells():
         the Python over a grid of inputs:
         """),
         code("""
-        display(HTML(static_calculator.html(model="llama-3.1-8b", hardware="h100-sxm", context=32768, batch=8)))
+        display(HTML(static_calculator.html(model="llama-3.1-8b", hardware="h100-sxm",
+                                            context=32768, batch=8)))
         """),
         md("""
         The calculator starts at Llama 3.1 8B as released, with 8 KV heads (GQA), serving 8 users at 32k
@@ -227,11 +243,15 @@ def calculator_cells():
         """),
         code("""
         for kv_heads in (None, 32, 1):
-            f = cost.calc("llama-3.1-8b", "h100-sxm", dtype="bf16", context=32768, batch=8, kv_heads=kv_heads)
-            print(f"llama-3.1-8b with {f['n_kv_heads']:>2} KV heads, {f['batch']} users x {f['context'] // 1024}k: "
-                  f"needs {f['memory_needed_bytes'] / 1e9:6.1f} GB of {f['memory_bytes'] / 1e9:.0f} GB "
+            f = cost.calc("llama-3.1-8b", "h100-sxm", dtype="bf16", context=32768, batch=8,
+                          kv_heads=kv_heads)
+            print(f"llama-3.1-8b with {f['n_kv_heads']:>2} KV heads, "
+                  f"{f['batch']} users x {f['context'] // 1024}k: "
+                  f"needs {f['memory_needed_bytes'] / 1e9:6.1f} "
+                  f"GB of {f['memory_bytes'] / 1e9:.0f} GB "
                   f"({'fits' if f['fits'] else 'does not fit'}); max users {f['max_users']:>3}; "
-                  f"ceiling {f['tokens_per_s_per_user']:5.1f} tok/s per user, {f['tokens_per_s_total']:6.0f} total")
+                  f"ceiling {f['tokens_per_s_per_user']:5.1f} tok/s per user, "
+                  f"{f['tokens_per_s_total']:6.0f} total")
         """),
         md("""
         In a live notebook (Jupyter, Colab) the same calculator also exists as an ipywidgets widget, which

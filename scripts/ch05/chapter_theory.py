@@ -58,7 +58,8 @@ def cells():
         """),
         code("""
         def grouped_attention(q, k, v):
-            \"\"\"q: [heads, tokens, d]; k, v: [kv_heads, keys, d]. Query head h reads KV head h // (heads / kv_heads).\"\"\"
+            \"\"\"q: [heads, tokens, d]; k, v: [kv_heads, keys, d].
+            Query head h reads KV head h // (heads / kv_heads).\"\"\"
             heads, kv_heads, d = q.shape[0], k.shape[0], q.shape[-1]
             group = heads // kv_heads
             out = []
@@ -71,11 +72,14 @@ def cells():
         heads, head_dim, context = 8, 64, 100
         q = torch.randn(heads, 1, head_dim)  # one decode step: one query token
         for kv_heads, kind in [(8, "MHA"), (2, "GQA"), (1, "MQA")]:
-            k, v = torch.randn(kv_heads, context, head_dim), torch.randn(kv_heads, context, head_dim)
+            k, v = (torch.randn(kv_heads, context, head_dim),
+                    torch.randn(kv_heads, context, head_dim))
             ours = grouped_attention(q, k, v)
             engine = attend(q[None], k[None], v[None])[0]
-            print(f"{kind}: {kv_heads} KV head{'s' * (kv_heads > 1)}; the cache holds {2 * kv_heads * head_dim} numbers per token per layer "
-                  f"(MHA: {2 * heads * head_dim}); max |ours - engine| = {(ours - engine).abs().max():.1e}")
+            print(f"{kind}: {kv_heads} KV head{'s' * (kv_heads > 1)}; "
+                  f"the cache holds {2 * kv_heads * head_dim} numbers per token per layer "
+                  f"(MHA: {2 * heads * head_dim}); max "
+                  f"|ours - engine| = {(ours - engine).abs().max():.1e}")
             assert torch.allclose(ours, engine, atol=1e-5)
         """),
         md("""
@@ -93,15 +97,20 @@ def cells():
             return 2 * spec.n_layers * kv_heads * spec.head_dim * bytes_per_element
 
         def kind(spec):
-            return "MHA" if spec.n_kv_heads == spec.n_heads else "MQA" if spec.n_kv_heads == 1 else "GQA"
+            return ("MHA" if spec.n_kv_heads == spec.n_heads
+                    else "MQA" if spec.n_kv_heads == 1 else "GQA")
 
-        rows = ["| model | layers | query heads | KV heads | head dim | kind | KV per token | as MHA | MHA ÷ this |",
+        rows = ["| model | layers | query heads | KV heads | head dim "
+                "| kind | KV per token | as MHA | MHA ÷ this |",
                 "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
         for spec in specs.CATALOG.values():
-            ours, mha = kv_bytes_per_token(spec, spec.n_kv_heads), kv_bytes_per_token(spec, spec.n_heads)
+            ours, mha = (kv_bytes_per_token(spec, spec.n_kv_heads),
+                         kv_bytes_per_token(spec, spec.n_heads))
             assert ours == cost.kv_bytes_per_token(spec, "bf16")  # memwall's ledger agrees
-            rows.append(f"| {spec.name} | {spec.n_layers} | {spec.n_heads} | {spec.n_kv_heads} | {spec.head_dim} | "
-                        f"{kind(spec)} | {ours / 1024:,.0f} KiB | {mha / 1024:,.0f} KiB | {mha / ours:.0f}× |")
+            rows.append(f"| {spec.name} | {spec.n_layers} | {spec.n_heads} "
+                        f"| {spec.n_kv_heads} | {spec.head_dim} | "
+                        f"{kind(spec)} | {ours / 1024:,.0f} KiB | "
+                        f"{mha / 1024:,.0f} KiB | {mha / ours:.0f}× |")
         display(Markdown("\\n".join(rows)))
         """),
         md("""
@@ -126,10 +135,14 @@ def cells():
             kv_8k = [users * 8192 * kv_bytes_per_token(s, s.n_kv_heads) for s in long_context]
             kv_32k = [users * 32768 * kv_bytes_per_token(s, s.n_kv_heads) for s in long_context]
             mha_32k = [users * 32768 * kv_bytes_per_token(s, s.n_heads) for s in long_context]
-            ax.bar([x - 0.27 for x in xs], [w / 1e9 for w in weights], 0.27, label="weights (bf16)", color="#4c72b0")
-            ax.bar(xs, [b / 1e9 for b in kv_8k], 0.27, label="KV cache, 8k context", color="#f0b27a")
-            ax.bar([x + 0.27 for x in xs], [b / 1e9 for b in kv_32k], 0.27, label="KV cache, 32k context", color="#dd8452")
-            ax.plot([x + 0.27 for x in xs], [b / 1e9 for b in mha_32k], "o", color="gray", label="32k context if MHA")
+            ax.bar([x - 0.27 for x in xs], [w / 1e9 for w in weights], 0.27, label="weights (bf16)",
+                   color="#4c72b0")
+            ax.bar(xs, [b / 1e9 for b in kv_8k], 0.27, label="KV cache, 8k context",
+                   color="#f0b27a")
+            ax.bar([x + 0.27 for x in xs], [b / 1e9 for b in kv_32k], 0.27,
+                   label="KV cache, 32k context", color="#dd8452")
+            ax.plot([x + 0.27 for x in xs], [b / 1e9 for b in mha_32k], "o", color="gray",
+                    label="32k context if MHA")
             ax.set_yscale("log")
             ax.set_xticks(list(xs), names, rotation=40, ha="right")
             ax.set_title(f"{users} user{'s' if users > 1 else ''}")
@@ -140,13 +153,16 @@ def cells():
         plt.show()
 
         print("one user at 8k: weights > cache for every model above:",
-              all(s.n_params * 2 > 8192 * kv_bytes_per_token(s, s.n_kv_heads) for s in long_context))
+              all(s.n_params * 2 > 8192 * kv_bytes_per_token(s, s.n_kv_heads)
+                  for s in long_context))
         for s in long_context:
             cache = 16 * 32768 * kv_bytes_per_token(s, s.n_kv_heads)
             print(f"{s.name:>14}: 16 users x 32k tokens = {cache / 1e9:6.1f} GB of cache, "
                   f"{cache / (s.n_params * 2):4.1f}x its {s.n_params * 2 / 1e9:5.1f} GB of weights")
-        larger = sum(16 * 32768 * kv_bytes_per_token(s, s.n_kv_heads) > s.n_params * 2 for s in long_context)
-        print(f"cache larger than the weights at 16 users x 32k: {larger} of {len(long_context)} models")
+        larger = sum(16 * 32768 * kv_bytes_per_token(s, s.n_kv_heads) > s.n_params * 2
+                     for s in long_context)
+        print("cache larger than the weights at 16 users x 32k: "
+              f"{larger} of {len(long_context)} models")
         """),
         md("""
         With one user at 8k tokens, the weights are the bigger read (the first line above). With 16 users

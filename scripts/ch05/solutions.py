@@ -37,7 +37,8 @@ def build():
 
         compare_plot(kv_bytes_per_token, reference_kv_bytes_per_token,
                      x=("n_kv_heads", [1, 2, 4, 8, 16, 32]),
-                     sliders={"n_layers": (1, 128, 1, 32), "head_dim": [128, 64, 96, 256], "bytes_per_element": [2, 1, 0.5, 4]},
+                     sliders={"n_layers": (1, 128, 1, 32), "head_dim": [128, 64, 96, 256],
+                              "bytes_per_element": [2, 1, 0.5, 4]},
                      logx=True, logy=True, xlabel="KV heads (32 query heads: 1 = MQA, 32 = MHA)",
                      ylabel="KV bytes per token")
         '''),
@@ -64,7 +65,8 @@ def build():
 
         compare_plot(max_users, reference_max_users,
                      x=("context", [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]),
-                     sliders={"memory_bytes": [80e9, 141e9, 40e9, 24e9], "weight_bytes": (1e9, 150e9, 1e9, 16e9),
+                     sliders={"memory_bytes": [80e9, 141e9, 40e9, 24e9],
+                              "weight_bytes": (1e9, 150e9, 1e9, 16e9),
                               "kv_bytes_per_token": [131072, 32768, 327680, 524288]},
                      logx=True, xlabel="context (tokens per user)", ylabel="users that fit")
         '''),
@@ -80,7 +82,8 @@ def build():
         for gpu in GPUS.values():
             f = cost.calc(spec, gpu, dtype="bf16", context=32768)
             try:
-                yours = max_users(f["memory_bytes"], f["weight_storage_bytes"], f["kv_bytes_per_token"], 32768)
+                yours = max_users(f["memory_bytes"], f["weight_storage_bytes"],
+                                  f["kv_bytes_per_token"], 32768)
             except NotImplementedError:
                 yours = "not implemented yet"
             print(f"{gpu.name:>14}: yours {yours!s:>20}   calculator {f['max_users']:>4}")
@@ -97,7 +100,8 @@ def build():
         """),
         exercise("ch05.mean_pool_heads", "reshape the head axis into (n_groups, r) and average over r", '''
         def mean_pool_heads(kv, n_groups):
-            """[batch, kv_heads, tokens, head_dim] -> [batch, n_groups, tokens, head_dim], neighbours averaged."""
+            """[batch, kv_heads, tokens, head_dim] -> [batch, n_groups, tokens, head_dim],
+            neighbours averaged."""
             ### BEGIN SOLUTION
             batch, heads, tokens, head_dim = kv.shape
             return kv.reshape(batch, n_groups, heads // n_groups, tokens, head_dim).mean(dim=2)
@@ -113,10 +117,13 @@ def build():
         code('''
         from memwall.grading.checks.ch05 import pooling_error, reference_mean_pool_heads
 
-        compare_plot(lambda n_groups, similarity: pooling_error(mean_pool_heads, n_groups, similarity),
-                     lambda n_groups, similarity: pooling_error(reference_mean_pool_heads, n_groups, similarity),
+        compare_plot(lambda n_groups, similarity:
+                         pooling_error(mean_pool_heads, n_groups, similarity),
+                     lambda n_groups, similarity:
+                         pooling_error(reference_mean_pool_heads, n_groups, similarity),
                      x=("n_groups", [1, 2, 4, 8]), sliders={"similarity": (0.0, 1.0, 0.1, 0.5)},
-                     xlabel="KV heads after pooling (from 8)", ylabel="relative change of the attention output")
+                     xlabel="KV heads after pooling (from 8)",
+                     ylabel="relative change of the attention output")
         '''),
         check("ch05.mean_pool_heads", "mean_pool_heads", 3),
     ])

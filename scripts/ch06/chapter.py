@@ -79,21 +79,26 @@ def ledger_cells():
         spec = get_spec("smollm2-135m")
 
         def batched_step(spec, batch, context, bytes_per_param, kv_bytes_per_element):
-            kv_per_token = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * kv_bytes_per_element
+            kv_per_token = (2 * spec.n_layers * spec.n_kv_heads * spec.head_dim
+                            * kv_bytes_per_element)
             weights = spec.n_params * bytes_per_param                 # read once per step
             kv = batch * (context + 1) * kv_per_token                 # read per sequence
             matmul_flops = 2 * batch * cost.matmul_params_per_token(spec)
-            attention_flops = 4 * spec.n_layers * spec.n_heads * spec.head_dim * batch * (context + 1)
+            attention_flops = (4 * spec.n_layers * spec.n_heads * spec.head_dim
+                               * batch * (context + 1))
             return weights, kv, matmul_flops + attention_flops
 
-        rows = ["| B | weights | KV cache | activations | FLOPs | FLOPs per byte |", "|---:|---:|---:|---:|---:|---:|"]
+        rows = ["| B | weights | KV cache | activations | FLOPs | FLOPs per byte |",
+                "|---:|---:|---:|---:|---:|---:|"]
         for batch in [1, 4, 16, 64, 256]:
             weights, kv, flops = batched_step(spec, batch, 512, 4, 4)
             ledger = cost.step(spec, batch=batch, context=512, weight_dtype="fp32")
             assert (weights, kv, flops) == (ledger.weight_bytes, ledger.kv_bytes, ledger.flops)
-            rows.append(f"| {batch} | {weights / 1e6:,.0f} MB | {kv / 1e6:,.0f} MB | {ledger.activation_bytes / 1e6:.2f} MB "
+            rows.append(f"| {batch} | {weights / 1e6:,.0f} MB | {kv / 1e6:,.0f} MB "
+                        f"| {ledger.activation_bytes / 1e6:.2f} MB "
                         f"| {flops / 1e9:,.1f} G | {ledger.arithmetic_intensity:.1f} |")
-        display(Markdown("SmolLM2-135M, fp32, 512 cached tokens per sequence\\n\\n" + "\\n".join(rows)))
+        display(Markdown("SmolLM2-135M, fp32, "
+                         "512 cached tokens per sequence\\n\\n" + "\\n".join(rows)))
         """),
         md(r"""
         The weights column never changes, and the FLOPs grow with B. A 4-byte weight read once feeds $2B$
@@ -110,14 +115,17 @@ def ledger_cells():
         ridge point, measured, and an H100's, from its datasheet:
         """),
         code("""
-        hw = measure(quick=True)                  # this machine: streaming bandwidth, fp32 matmul FLOP/s
+        # this machine: streaming bandwidth, fp32 matmul FLOP/s
+        hw = measure(quick=True)
         this_machine = hw.as_hardware()
         cpu_ridge = cost.ridge_point(this_machine, "fp32")
         h100 = get_hardware("h100-sxm")
         h100_ridge = cost.ridge_point(h100, "bf16")
-        print(f"this machine: {hw.bandwidth / 1e9:.1f} GB/s, {hw.flops['fp32'] / 1e9:.0f} GFLOP/s fp32 "
+        print(f"this machine: {hw.bandwidth / 1e9:.1f} GB/s, "
+              f"{hw.flops['fp32'] / 1e9:.0f} GFLOP/s fp32 "
               f"-> ridge point {cpu_ridge:.1f} FLOPs/byte")
-        print(f"H100 SXM:     {h100.memory_bandwidth / 1e12:.2f} TB/s, {cost.peak_flops(h100, 'bf16') / 1e12:.0f} "
+        print(f"H100 SXM:     {h100.memory_bandwidth / 1e12:.2f} TB/s, "
+              f"{cost.peak_flops(h100, 'bf16') / 1e12:.0f} "
               f"TFLOP/s dense bf16 -> ridge point {h100_ridge:.0f} FLOPs/byte")
         print(f"the H100's ridge point is {h100_ridge / cpu_ridge:.0f}x this machine's")
 
@@ -131,7 +139,8 @@ def ledger_cells():
         cases = [("SmolLM2-135M fp32 on this machine", spec, this_machine, "fp32"),
                  ("Llama 3 8B bf16 on an H100", get_spec("llama-3-8b"), h100, "bf16")]
         for label, model_spec, hardware, dtype in cases:
-            found = {c: first_compute_bound_batch(model_spec, hardware, dtype, c) for c in (32, 256, 2048)}
+            found = {c: first_compute_bound_batch(model_spec, hardware, dtype, c)
+                     for c in (32, 256, 2048)}
             print(f"{label}: compute-bound from B = " +
                   ", ".join(f"{b if b else 'never'} at context {c}" for c, b in found.items()))
         """),
@@ -143,14 +152,16 @@ def ledger_cells():
                 ("SmolLM2-135M fp32, context 2048", spec, "fp32", 2048, "C0--"),
                 ("Llama 3 8B bf16, context 32", get_spec("llama-3-8b"), "bf16", 32, "C1-"),
                 ("Llama 3 8B bf16, context 2048", get_spec("llama-3-8b"), "bf16", 2048, "C1--")]:
-            intensity = [cost.step(model_spec, batch=int(b), context=context, weight_dtype=dtype).arithmetic_intensity
+            intensity = [cost.step(model_spec, batch=int(b), context=context,
+                                   weight_dtype=dtype).arithmetic_intensity
                          for b in batches]
             ax.plot(batches, intensity, style, label=label)
         ax.axhline(cpu_ridge, color="C2", lw=1)
         ax.text(1.2, cpu_ridge * 1.15, f"ridge point, this machine ({cpu_ridge:.1f})", color="C2")
         ax.axhline(h100_ridge, color="C3", lw=1)
         ax.text(1.2, h100_ridge * 1.15, f"ridge point, H100 bf16 ({h100_ridge:.0f})", color="C3")
-        ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="FLOPs per byte of a decode step",
+        ax.set(xscale="log", yscale="log", xlabel="batch size B",
+               ylabel="FLOPs per byte of a decode step",
                title="Batching raises the intensity of decode, until the KV cache caps it")
         ax.legend(fontsize=8, loc="lower right")
         plt.show()
@@ -192,16 +203,19 @@ def ledger_cells():
             longest = max(lengths)
             pads = [longest - n for n in lengths]
             positions = [[max(0, slot - pad) for slot in range(longest)] for pad in pads]
-            mask = [[[(pad <= key <= query) or key == query for key in range(longest)] for query in range(longest)]
+            mask = [[[(pad <= key <= query) or key == query for key in range(longest)]
+                     for query in range(longest)]
                     for pad in pads]
             return torch.tensor(positions), torch.tensor(mask)[:, None]
 
         lengths = [5, 2, 4]
         ours = left_pad_positions_and_mask(lengths)
-        engine = prefill_positions_and_mask(torch.tensor([max(lengths) - n for n in lengths]), max(lengths))
+        engine = prefill_positions_and_mask(torch.tensor([max(lengths) - n for n in lengths]),
+                                            max(lengths))
         assert all(torch.equal(a, b) for a, b in zip(ours, engine))
         print("positions:\\n", ours[0])
-        print("mask of the 2-token prompt (rows: queries, columns: cache slots):\\n", ours[1][1, 0].int())
+        print("mask of the 2-token prompt (rows: queries, columns: cache slots):\\n",
+              ours[1][1, 0].int())
         """),
         md("""
         The real model next. Four prompts of different lengths are decoded as one batch, and each one alone.
@@ -215,14 +229,16 @@ def ledger_cells():
 
         texts = ["The capital of France is",
                  "def fibonacci(n):",
-                 "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+                 "Once upon a time, in a small village by the sea, "
+                 "there lived an old fisherman who",
                  "Memory bandwidth limits the speed of language model inference because"]
         prompts = [tokenizer(t).input_ids for t in texts]
         together = generate_batch(model, prompts, 12)
         for prompt, tokens in zip(prompts, together.tokens):
             alone = generate(model, prompt, 12).tokens
             assert tokens == alone, "batched decoding changed a sequence's output"
-            print(f"{len(prompt):>3} prompt tokens, same as alone: {tokens == alone}  ->  {tokenizer.decode(tokens)!r}")
+            print(f"{len(prompt):>3} prompt tokens, same as alone: "
+                  f"{tokens == alone}  ->  {tokenizer.decode(tokens)!r}")
         """),
     ]
 
@@ -249,13 +265,17 @@ def measured_cells():
                 samples[b].append(time_decode_steps(model, b, CONTEXT, STEPS, seed=b)["step_s"])
 
         measured = {b: statistics.median(samples[b]) for b in BATCHES}
-        forecast = {b: predicted(spec, this_machine, "fp32", b, CONTEXT + STEPS // 2) for b in BATCHES}
-        rows = ["| B | step (ms) | total tok/s | × B=1 | predicted step (ms) | predicted tok/s | bound | measured ÷ predicted |",
+        forecast = {b: predicted(spec, this_machine, "fp32", b, CONTEXT + STEPS // 2)
+                    for b in BATCHES}
+        rows = ["| B | step (ms) | total tok/s | × B=1 | predicted step (ms) "
+                "| predicted tok/s | bound | measured ÷ predicted |",
                 "|---:|---:|---:|---:|---:|---:|---|---:|"]
         for b in BATCHES:
             f = forecast[b]
-            rows.append(f"| {b} | {measured[b] * 1e3:.1f} | {b / measured[b]:.1f} | {measured[1] / measured[b] * b:.2f} "
-                        f"| {f['predicted_step_ms']:.1f} | {f['predicted_tok_per_s']:.0f} | {f['predicted_bound']} "
+            rows.append(f"| {b} | {measured[b] * 1e3:.1f} | {b / measured[b]:.1f} "
+                        f"| {measured[1] / measured[b] * b:.2f} "
+                        f"| {f['predicted_step_ms']:.1f} | "
+                        f"{f['predicted_tok_per_s']:.0f} | {f['predicted_bound']} "
                         f"| {b / measured[b] / f['predicted_tok_per_s']:.0%} |")
         display(Markdown("\\n".join(rows)))
         speedup_16 = (16 / measured[16]) / (1 / measured[1])
@@ -266,14 +286,17 @@ def measured_cells():
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         b = np.array(BATCHES)
         left.plot(b, [x / measured[x] for x in BATCHES], "o-", label="measured")
-        left.plot(b, [forecast[x]["predicted_tok_per_s"] for x in BATCHES], "s--", label="cost model (ceiling)")
+        left.plot(b, [forecast[x]["predicted_tok_per_s"] for x in BATCHES], "s--",
+                  label="cost model (ceiling)")
         left.plot(b, b / measured[1], ":", color="gray", label="B × (B=1 measured)")
         left.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="total tokens/s",
                  title="Throughput: all users together")
         left.set_xticks(BATCHES, [str(x) for x in BATCHES])
         right.plot(b, [measured[x] * 1e3 for x in BATCHES], "o-", label="measured")
-        right.plot(b, [forecast[x]["predicted_step_ms"] for x in BATCHES], "s--", label="cost model (floor)")
-        right.set(xscale="log", xlabel="batch size B", ylabel="ms per token, per user", ylim=(0, None),
+        right.plot(b, [forecast[x]["predicted_step_ms"] for x in BATCHES], "s--",
+                   label="cost model (floor)")
+        right.set(xscale="log", xlabel="batch size B", ylabel="ms per token, per user",
+                  ylim=(0, None),
                   title="Latency: what each user waits per token")
         right.set_xticks(BATCHES, [str(x) for x in BATCHES])
         for ax in (left, right):
@@ -314,7 +337,8 @@ def measured_cells():
         head = model.lm_head
         K, N = head.in_features, head.out_features
         w_out_in = head.weight.contiguous()          # [N, K]: a copy in the usual layout
-        w_in_out = head.weight.t()                   # [K, N]: the engine's slabs seen as one matrix, no copy
+        # [K, N]: the engine's slabs seen as one matrix, no copy
+        w_in_out = head.weight.t()
         w_in_out = w_in_out.contiguous()              # a no-op when the engine split K (2+ threads)
         variants = {"engine split-K (bmm)": lambda x: head(x),
                     "F.linear, W [out, in]": lambda x: F.linear(x, w_out_in),
@@ -339,7 +363,8 @@ def measured_cells():
                     gemm[name][m] = median_seconds(fn, x)
                 if has_mkl_packed:
                     packed = torch.ops.mkl._mkl_reorder_linear_weight(w_out_in, m)
-                    gemm["MKL packed"][m] = median_seconds(lambda x: torch.ops.mkl._mkl_linear(x, packed, w_out_in, None, m), x)
+                    gemm["MKL packed"][m] = median_seconds(
+                        lambda x: torch.ops.mkl._mkl_linear(x, packed, w_out_in, None, m), x)
                     del packed
         gemm = {name: t for name, t in gemm.items() if t}
         del w_out_in
@@ -347,20 +372,26 @@ def measured_cells():
         weight_bytes = K * N * 4
         rows = ["| rows M | " + " | ".join(gemm) + " |", "|---:|" + "---:|" * len(gemm)]
         for m in ROWS:
-            rows.append(f"| {m} | " + " | ".join(f"{t[m] * 1e3:.1f} ms, {weight_bytes / t[m] / 1e9:.1f} GB/s, "
-                                                 f"{2 * m * K * N / t[m] / 1e9:.0f} GFLOP/s" for t in gemm.values()) + " |")
-        display(Markdown("576 × 49152 fp32 weight times M rows: time, weight bytes ÷ time, FLOP/s\\n\\n" + "\\n".join(rows)))
+            rows.append(f"| {m} | " + " | ".join(f"{t[m] * 1e3:.1f} ms, "
+                                                 f"{weight_bytes / t[m] / 1e9:.1f} GB/s, "
+                                                 f"{2 * m * K * N / t[m] / 1e9:.0f} GFLOP/s"
+                                                 for t in gemm.values()) + " |")
+        display(Markdown("576 × 49152 fp32 weight times M rows: "
+                         "time, weight bytes ÷ time, FLOP/s\\n\\n" + "\\n".join(rows)))
         best = {m: min(gemm, key=lambda name: gemm[name][m]) for m in ROWS}
         print("fastest per M:", best)
-        print(f"this machine's roofline: {hw.bandwidth / 1e9:.1f} GB/s, {hw.flops['fp32'] / 1e9:.0f} GFLOP/s")
+        print(f"this machine's roofline: {hw.bandwidth / 1e9:.1f} GB/s, "
+              f"{hw.flops['fp32'] / 1e9:.0f} GFLOP/s")
         """),
         code("""
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, t in gemm.items():
             ax.plot(ROWS, [2 * m * K * N / t[m] / 1e9 for m in ROWS], "o-", label=name)
         intensity = [2 * m * K * N / (4 * (K * N + m * K + m * N)) for m in ROWS]
-        ax.plot(ROWS, [min(hw.flops["fp32"], i * hw.bandwidth) / 1e9 for i in intensity], "k--", label="roofline of this machine")
-        ax.set(xscale="log", yscale="log", xlabel="rows M (the batch size)", ylabel="GFLOP/s achieved",
+        ax.plot(ROWS, [min(hw.flops["fp32"], i * hw.bandwidth) / 1e9 for i in intensity], "k--",
+                label="roofline of this machine")
+        ax.set(xscale="log", yscale="log", xlabel="rows M (the batch size)",
+               ylabel="GFLOP/s achieved",
                title="576 × 49152 fp32 matmul with M rows")
         ax.set_xticks(ROWS, [str(m) for m in ROWS])
         ax.legend(fontsize=8)
@@ -407,14 +438,19 @@ def kv_cells():
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         for i, batch in enumerate([1, 8, 32, 128]):
             for model_spec, style in [(llama, "-"), (llama_mha, "--")]:
-                steps = [cost.step(model_spec, batch=batch, context=int(c), weight_dtype="bf16") for c in contexts]
-                left.plot(contexts, [s.kv_bytes / s.total_bytes for s in steps], style, color=f"C{i}",
+                steps = [cost.step(model_spec, batch=batch, context=int(c), weight_dtype="bf16")
+                         for c in contexts]
+                left.plot(contexts, [s.kv_bytes / s.total_bytes for s in steps], style,
+                          color=f"C{i}",
                           label=f"B = {batch}" if style == "-" else None)
-                right.plot(contexts, [cost.step_time_lower_bound(s, h100) * 1e3 for s in steps], style, color=f"C{i}")
+                right.plot(contexts, [cost.step_time_lower_bound(s, h100) * 1e3 for s in steps],
+                           style, color=f"C{i}")
         left.axhline(0.5, color="gray", lw=1)
-        left.set(xscale="log", xlabel="context (tokens per sequence)", ylabel="share of step bytes that is KV cache",
+        left.set(xscale="log", xlabel="context (tokens per sequence)",
+                 ylabel="share of step bytes that is KV cache",
                  title="Llama 3 8B bf16: GQA (solid) vs MHA (dashed)")
-        right.set(xscale="log", yscale="log", xlabel="context (tokens per sequence)", ylabel="step time at least (ms)",
+        right.set(xscale="log", yscale="log", xlabel="context (tokens per sequence)",
+                  ylabel="step time at least (ms)",
                   title="H100 SXM: the floor under each step")
         left.legend()
         plt.show()
@@ -422,7 +458,8 @@ def kv_cells():
         weights = cost.weight_bytes(llama, "bf16")
         for model_spec, label in [(llama, "GQA, 8 KV heads"), (llama_mha, "MHA, 32 KV heads")]:
             crossover = weights / cost.kv_bytes_per_token(model_spec, "bf16")
-            print(f"Llama 3 8B {label}: KV bytes equal the weights at B × context = {crossover:,.0f} tokens "
+            print(f"Llama 3 8B {label}: "
+                  f"KV bytes equal the weights at B × context = {crossover:,.0f} tokens "
                   f"(e.g. B = 32 at {crossover / 32:,.0f} tokens)")
         """),
         md("""
@@ -437,22 +474,31 @@ def kv_cells():
         code("""
         smol_weights = cost.weight_bytes(spec, "fp32")
         smol_kv = cost.kv_bytes_per_token(spec, "fp32")
-        print(f"crossover for SmolLM2-135M fp32: B × context = {smol_weights / smol_kv:,.0f} tokens")
+        print("crossover for SmolLM2-135M fp32: "
+              f"B × context = {smol_weights / smol_kv:,.0f} tokens")
         B_LONG, LONG_CONTEXTS = 8, [32, 512, 1024, 2048]
         long_rows, long_ms = [], {}
         for context in LONG_CONTEXTS:
-            long_ms[context] = time_decode_steps(model, B_LONG, context, 4, seed=context)["step_s"] * 1e3
+            long_ms[context] = time_decode_steps(model, B_LONG, context, 4,
+                                                 seed=context)["step_s"] * 1e3
             f = predicted(spec, this_machine, "fp32", B_LONG, context)
-            long_rows.append(f"| {context} | {f['predicted_kv_bytes'] / 1e6:,.0f} MB | {f['predicted_kv_bytes'] / f['predicted_bytes_per_step']:.0%} "
-                             f"| {long_ms[context]:.1f} | {f['predicted_step_ms']:.1f} | {f['predicted_step_ms'] / long_ms[context]:.0%} |")
-        display(Markdown(f"B = {B_LONG}, SmolLM2-135M fp32 (weights {smol_weights / 1e6:,.0f} MB)\\n\\n"
-                         "| context | KV bytes per step | KV share | measured step (ms) | predicted (ms) | predicted ÷ measured |\\n"
+            long_rows.append(f"| {context} | {f['predicted_kv_bytes'] / 1e6:,.0f} MB | "
+                             f"{f['predicted_kv_bytes'] / f['predicted_bytes_per_step']:.0%} "
+                             f"| {long_ms[context]:.1f} | {f['predicted_step_ms']:.1f} "
+                             f"| {f['predicted_step_ms'] / long_ms[context]:.0%} |")
+        display(Markdown(f"B = {B_LONG}, "
+                         f"SmolLM2-135M fp32 (weights {smol_weights / 1e6:,.0f} MB)\\n\\n"
+                         "| context | KV bytes per step | KV share | "
+                         "measured step (ms) | predicted (ms) | predicted ÷ measured |\\n"
                          "|---:|---:|---:|---:|---:|---:|\\n" + "\\n".join(long_rows)))
-        # What does one more byte of KV cache cost? The slope between the shortest and longest context.
+        # What does one more byte of KV cache cost? The
+        # slope between the shortest and longest context.
         extra_bytes = B_LONG * (LONG_CONTEXTS[-1] - LONG_CONTEXTS[0]) * smol_kv
         extra_s = (long_ms[LONG_CONTEXTS[-1]] - long_ms[LONG_CONTEXTS[0]]) / 1e3
-        print(f"extra KV bytes read per step: {extra_bytes / 1e6:,.0f} MB, extra time: {extra_s * 1e3:.1f} ms "
-              f"-> {extra_bytes / extra_s / 1e9:.1f} GB/s (streaming bandwidth measured: {hw.bandwidth / 1e9:.1f} GB/s)")
+        print(f"extra KV bytes read per step: {extra_bytes / 1e6:,.0f} MB, "
+              f"extra time: {extra_s * 1e3:.1f} ms "
+              f"-> {extra_bytes / extra_s / 1e9:.1f} GB/s (streaming bandwidth measured: "
+              f"{hw.bandwidth / 1e9:.1f} GB/s)")
         """),
         md("""
         At the longest context the KV cache is the larger share of the bytes, and the step time grows

@@ -29,19 +29,24 @@ def scheduling_cells():
         first pays for its prefill, during which the others wait, as in simple schedulers.
         """),
         code("""
-        llama_weights, llama_kv = cost.weight_bytes(llama, "bf16"), cost.kv_bytes_per_token(llama, "bf16")
+        llama_weights, llama_kv = (cost.weight_bytes(llama, "bf16"),
+                                   cost.kv_bytes_per_token(llama, "bf16"))
         flops_per_token = 2 * cost.matmul_params_per_token(llama)
-        attention_flops = 4 * llama.n_layers * llama.n_heads * llama.head_dim   # per attended position
+        # per attended position
+        attention_flops = 4 * llama.n_layers * llama.n_heads * llama.head_dim
         activation_bytes = 2 * cost.activation_elements_per_token(llama)
         BANDWIDTH, PEAK = h100.memory_bandwidth, cost.peak_flops(h100, "bf16")
 
         def step_seconds(new_tokens, attended, cached):
-            # the roofline floor of one step: weights once, the cache it reads, the FLOPs of its tokens
+            # the roofline floor of one step: weights once,
+            # the cache it reads, the FLOPs of its tokens
             moved = llama_weights + cached * llama_kv + new_tokens * activation_bytes
-            return max(moved / BANDWIDTH, (new_tokens * flops_per_token + attended * attention_flops) / PEAK)
+            return max(moved / BANDWIDTH,
+                       (new_tokens * flops_per_token + attended * attention_flops) / PEAK)
 
         check = cost.step(llama, batch=8, context=999, weight_dtype="bf16")
-        assert math.isclose(step_seconds(8, 8 * 1000, 8 * 1000), cost.step_time_lower_bound(check, h100))
+        assert math.isclose(step_seconds(8, 8 * 1000, 8 * 1000),
+                            cost.step_time_lower_bound(check, h100))
 
         def decode_seconds(batch, total_context):
             return step_seconds(batch, total_context + batch, total_context + batch)
@@ -53,7 +58,8 @@ def scheduling_cells():
             rng = np.random.default_rng(seed)
             arrivals = np.cumsum(rng.exponential(1 / rate, n))
             prompts = np.clip(rng.lognormal(np.log(400), 0.8, n), 16, 4000).astype(int)
-            outputs = np.where(rng.random(n) < 0.25, rng.geometric(1 / 600, n), rng.geometric(1 / 80, n))
+            outputs = np.where(rng.random(n) < 0.25, rng.geometric(1 / 600, n),
+                               rng.geometric(1 / 80, n))
             return arrivals, prompts, np.clip(outputs, 1, max_new), max_new
 
         def simulate(stream, policy, max_batch=64, block_size=16):
@@ -61,7 +67,8 @@ def scheduling_cells():
             n, now, arrived = len(arrivals), 0.0, 0
             waiting, running = deque(), []        # running: [request, context, tokens generated]
             admitted, finished = np.zeros(n), np.zeros(n)
-            memory = []    # per step: tokens held, paged slots, max-length reservation, requests running
+            # per step: tokens held, paged slots, max-length reservation, requests running
+            memory = []
             while arrived < n or waiting or running:
                 while arrived < n and arrivals[arrived] <= now:
                     waiting.append(arrived)
@@ -69,14 +76,16 @@ def scheduling_cells():
                 if not waiting and not running:
                     now = arrivals[arrived]       # idle until the next request
                     continue
-                if policy == "continuous" or not running:   # static: only when the batch has drained
+                # static: only when the batch has drained
+                if policy == "continuous" or not running:
                     while waiting and len(running) < max_batch:
                         i = waiting.popleft()
                         now += prefill_seconds(prompts[i])  # yields the request's first token
                         admitted[i] = now
                         running.append([i, prompts[i], 1])
                 total_context = sum(r[1] for r in running)
-                memory.append((total_context, sum(-(-r[1] // block_size) * block_size for r in running),
+                memory.append((total_context,
+                               sum(-(-r[1] // block_size) * block_size for r in running),
                                sum(prompts[r[0]] + max_new for r in running), len(running)))
                 now += decode_seconds(len(running), total_context)
                 for r in running:
@@ -87,28 +96,37 @@ def scheduling_cells():
             return {"tokens_per_s": outputs.sum() / (finished.max() - arrivals[0]),
                     "mean_wait_s": float(np.mean(admitted - arrivals)),
                     "p90_wait_s": float(np.percentile(admitted - arrivals, 90)),
-                    "mean_latency_s": float(np.mean(finished - arrivals)), "memory": np.array(memory)}
+                    "mean_latency_s": float(np.mean(finished - arrivals)),
+                    "memory": np.array(memory)}
 
         RATES = [2, 4, 8, 16, 32, 64]
         simulated = {policy: [simulate(make_stream(300, rate), policy) for rate in RATES]
                      for policy in ("static", "continuous")}
-        rows = ["| requests/s | static tok/s | continuous tok/s | static mean wait | continuous mean wait | static p90 wait | continuous p90 wait |",
+        rows = ["| requests/s | static tok/s | continuous tok/s | static mean wait "
+                "| continuous mean wait | static p90 wait | continuous p90 wait |",
                 "|---:|---:|---:|---:|---:|---:|---:|"]
         for k, rate in enumerate(RATES):
             s, c = simulated["static"][k], simulated["continuous"][k]
-            rows.append(f"| {rate} | {s['tokens_per_s']:,.0f} | {c['tokens_per_s']:,.0f} | {s['mean_wait_s']:.2f} s "
-                        f"| {c['mean_wait_s']:.2f} s | {s['p90_wait_s']:.2f} s | {c['p90_wait_s']:.2f} s |")
-        display(Markdown("Simulated: Llama 3 8B bf16 on an H100, at most 64 requests per batch, 300 requests\\n\\n" + "\\n".join(rows)))
+            rows.append(f"| {rate} | {s['tokens_per_s']:,.0f} | "
+                        f"{c['tokens_per_s']:,.0f} | {s['mean_wait_s']:.2f} s "
+                        f"| {c['mean_wait_s']:.2f} s | "
+                        f"{s['p90_wait_s']:.2f} s | {c['p90_wait_s']:.2f} s |")
+        display(Markdown("Simulated: Llama 3 8B bf16 on an H100, "
+                         "at most 64 requests per batch, 300 requests\\n\\n" + "\\n".join(rows)))
         """),
         code("""
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         for policy, style in [("static", "o--"), ("continuous", "o-")]:
             left.plot(RATES, [r["tokens_per_s"] for r in simulated[policy]], style, label=policy)
-            right.plot(RATES, [r["mean_wait_s"] for r in simulated[policy]], style, label=f"{policy}, mean")
-            right.plot(RATES, [r["p90_wait_s"] for r in simulated[policy]], style, alpha=0.4, label=f"{policy}, p90")
-        left.set(xscale="log", yscale="log", xlabel="arrival rate (requests/s)", ylabel="tokens/s delivered",
+            right.plot(RATES, [r["mean_wait_s"] for r in simulated[policy]], style,
+                       label=f"{policy}, mean")
+            right.plot(RATES, [r["p90_wait_s"] for r in simulated[policy]], style, alpha=0.4,
+                       label=f"{policy}, p90")
+        left.set(xscale="log", yscale="log", xlabel="arrival rate (requests/s)",
+                 ylabel="tokens/s delivered",
                  title="Throughput")
-        right.set(xscale="log", yscale="log", xlabel="arrival rate (requests/s)", ylabel="queueing delay (s)",
+        right.set(xscale="log", yscale="log", xlabel="arrival rate (requests/s)",
+                  ylabel="queueing delay (s)",
                   title="Time from arrival to first token")
         for ax in (left, right):
             ax.set_xticks(RATES, [str(r) for r in RATES])
@@ -137,10 +155,12 @@ def scheduling_cells():
         mixed, as a server would see them:
         """),
         code("""
-        source = tokenizer(" ".join(texts) + " The history of computing is a history of moving data. Processors "
-                           "became fast long before memory did, and every generation of hardware since has added "
-                           "caches, wider buses and new kinds of memory to keep the arithmetic units fed.").input_ids
-        # Each answer ends at the end of its first sentence or line (or at 48 tokens, the cap a server
+        source = tokenizer(" ".join(texts) + " The history of computing is a history of "
+                           "moving data. Processors became fast long before memory did, and "
+                           "every generation of hardware since has added caches, wider buses "
+                           "and new kinds of memory to keep the arithmetic units fed.").input_ids
+        # Each answer ends at the end of its first sentence
+        # or line (or at 48 tokens, the cap a server
         # would reserve for), so the model itself decides how long each request runs.
         stops = (*tokenizer(".\\n").input_ids, tokenizer.eos_token_id)
         rng = random.Random(0)
@@ -148,7 +168,8 @@ def scheduling_cells():
         for i in range(10):
             length = rng.randint(4, 40)
             start = rng.randint(0, len(source) - length)
-            requests.append(Request(i, source[start:start + length], 48, arrival_step=2 * i, stop_tokens=stops))
+            requests.append(Request(i, source[start:start + length], 48, arrival_step=2 * i,
+                                    stop_tokens=stops))
 
         real = {}
         for mode in ("static", "continuous"):
@@ -156,28 +177,37 @@ def scheduling_cells():
             start = time.perf_counter()
             results = scheduler.run(requests)
             wall = time.perf_counter() - start
-            step_end = np.cumsum(scheduler.step_times_s)              # seconds at the end of each step
+            # seconds at the end of each step
+            step_end = np.cumsum(scheduler.step_times_s)
             step_start = np.concatenate([[0.0], step_end[:-1]])
             waits = [step_end[r.first_token_step] - step_start[r.arrival_step] for r in results]
             real[mode] = dict(results=results, scheduler=scheduler, wall=wall, waits=waits,
                               tokens=sum(len(r.tokens) for r in results))
-        assert [r.tokens for r in real["static"]["results"]] == [r.tokens for r in real["continuous"]["results"]]
+        assert ([r.tokens for r in real["static"]["results"]]
+                == [r.tokens for r in real["continuous"]["results"]])
 
-        rows = ["| | steps | wall time | tokens | tokens/s | mean batch | mean wait to first token |", "|---|---:|---:|---:|---:|---:|---:|"]
+        rows = ["| | steps | wall time | tokens | tokens/s "
+                "| mean batch | mean wait to first token |", "|---|---:|---:|---:|---:|---:|---:|"]
         for mode, r in real.items():
             s = r["scheduler"]
-            rows.append(f"| {mode} | {s.step_index} | {r['wall']:.1f} s | {r['tokens']} | {r['tokens'] / r['wall']:.1f} "
-                        f"| {statistics.mean(s.batch_sizes):.2f} | {statistics.mean(r['waits']):.2f} s |")
-        display(Markdown("SmolLM2-135M on this machine, 10 requests, batch ≤ 4 (both modes produce identical tokens)\\n\\n" + "\\n".join(rows)))
+            rows.append(f"| {mode} | {s.step_index} | {r['wall']:.1f} s "
+                        f"| {r['tokens']} | {r['tokens'] / r['wall']:.1f} "
+                        f"| {statistics.mean(s.batch_sizes):.2f} "
+                        f"| {statistics.mean(r['waits']):.2f} s |")
+        display(Markdown("SmolLM2-135M on this machine, 10 requests, "
+                         "batch ≤ 4 (both modes produce identical tokens)\\n\\n" + "\\n".join(rows)))
         print("answer lengths:", [len(r.tokens) for r in real["continuous"]["results"]])
         for mode, r in real.items():
             sizes = r["scheduler"].batch_sizes
-            print(f"{mode}: {len(sizes)} decode steps, mean batch {statistics.mean(sizes):.2f} of at most "
-                  f"{r['scheduler'].max_batch}, largest {max(sizes)}, {sizes.count(1)} steps with a single request")
+            print(f"{mode}: {len(sizes)} decode steps, "
+                  f"mean batch {statistics.mean(sizes):.2f} of at most "
+                  f"{r['scheduler'].max_batch}, largest {max(sizes)}, "
+                  f"{sizes.count(1)} steps with a single request")
 
         fig, ax = plt.subplots(figsize=(8, 3))
         for mode, style in [("static", "--"), ("continuous", "-")]:
-            ax.step(range(len(real[mode]["scheduler"].batch_sizes)), real[mode]["scheduler"].batch_sizes, style,
+            ax.step(range(len(real[mode]["scheduler"].batch_sizes)),
+                    real[mode]["scheduler"].batch_sizes, style,
                     where="post", label=mode)
         ax.set(xlabel="decode step", ylabel="requests decoding", title="Batch occupancy, real run")
         ax.legend()
@@ -232,7 +262,8 @@ def paging_cells():
                     tables[seq].append(free.pop())
             return tables
 
-        events = [("append", "A", 6), ("append", "B", 3), ("append", "C", 9), ("append", "A", 1), ("append", "B", 2),
+        events = [("append", "A", 6), ("append", "B", 3), ("append", "C", 9), ("append", "A", 1),
+                  ("append", "B", 2),
                   ("free", "B", 0), ("append", "D", 7), ("append", "A", 2), ("append", "C", 1)]
         ours = replay(events, n_blocks=12, block_size=4)
 
@@ -248,7 +279,8 @@ def paging_cells():
         assert ours == manager.tables
         print("block tables:", ours)
         use = manager.memory_use()
-        print(f"{use.used_slots} tokens in {use.allocated_slots} allocated slots: {use.wasted_slots} slots wasted")
+        print(f"{use.used_slots} tokens in {use.allocated_slots} allocated slots: "
+              f"{use.wasted_slots} slots wasted")
 
         owner = np.full(12, -1)
         for k, seq in enumerate(sorted(ours)):
@@ -256,8 +288,10 @@ def paging_cells():
         fig, ax = plt.subplots(figsize=(8, 1.3))
         ax.imshow(owner[None], cmap="tab10", vmin=-1, vmax=9, aspect="auto")
         for block, k in enumerate(owner):
-            ax.text(block, 0, sorted(ours)[k] if k >= 0 else "free", ha="center", va="center", color="white" if k >= 0 else "black")
-        ax.set(yticks=[], xticks=range(12), xlabel="block number", title="Who owns each block (D took B's freed blocks)")
+            ax.text(block, 0, sorted(ours)[k] if k >= 0 else "free", ha="center", va="center",
+                    color="white" if k >= 0 else "black")
+        ax.set(yticks=[], xticks=range(12), xlabel="block number",
+               title="Who owns each block (D took B's freed blocks)")
         plt.show()
         """),
         md("""
@@ -280,24 +314,32 @@ def paging_cells():
         def waste(memory):
             held, paged, reserved = (np.asarray(column, dtype=float) for column in memory[:3])
             busy = held > 0
-            return 1 - held[busy].sum() / paged[busy].sum(), 1 - held[busy].sum() / reserved[busy].sum()
+            return (1 - held[busy].sum() / paged[busy].sum(),
+                    1 - held[busy].sum() / reserved[busy].sum())
 
         run = real["continuous"]["scheduler"]
-        real_memory = ([m.used_slots for m in run.memory], [m.allocated_slots for m in run.memory], run.reserved_if_contiguous)
+        real_memory = ([m.used_slots for m in run.memory], [m.allocated_slots for m in run.memory],
+                       run.reserved_if_contiguous)
         sim = simulated["continuous"][RATES.index(16)]["memory"].T
-        rows = ["| | block size | paged: slots empty | max-length reservation: slots empty |", "|---|---:|---:|---:|"]
-        for label, memory, block in [("real run, SmolLM2 (10 requests)", real_memory, run.cache.blocks.block_size),
+        rows = ["| | block size | paged: slots empty | max-length reservation: slots empty |",
+                "|---|---:|---:|---:|"]
+        for label, memory, block in [("real run, SmolLM2 (10 requests)", real_memory,
+                                      run.cache.blocks.block_size),
                                      ("simulated stream, Llama 3 8B at 16 requests/s", sim, 16)]:
             paged_waste, reserved_waste = waste(memory)
             rows.append(f"| {label} | {block} | {paged_waste:.1%} | {reserved_waste:.1%} |")
         display(Markdown("\\n".join(rows)))
 
         held, paged, reserved, running = sim
-        kv_slots = (h100.memory_bytes - cost.weight_storage_bytes(llama, "bf16")) / cost.kv_bytes_per_token(llama, "bf16")
-        print(f"an H100 has room for {kv_slots:,.0f} KV token slots next to Llama 3 8B's weights; per running request "
-              f"the stream used {held.sum() / running.sum():,.0f} tokens, {paged.sum() / running.sum():,.0f} paged slots "
+        kv_slots = ((h100.memory_bytes - cost.weight_storage_bytes(llama, "bf16"))
+                    / cost.kv_bytes_per_token(llama, "bf16"))
+        print(f"an H100 has room for {kv_slots:,.0f} KV token slots next to Llama 3 8B's weights; "
+              "per running request "
+              f"the stream used {held.sum() / running.sum():,.0f} tokens, "
+              f"{paged.sum() / running.sum():,.0f} paged slots "
               f"or {reserved.sum() / running.sum():,.0f} reserved slots")
-        print(f"concurrent requests that fit: {kv_slots * running.sum() / paged.sum():,.0f} with paging, "
+        print("concurrent requests that fit: "
+              f"{kv_slots * running.sum() / paged.sum():,.0f} with paging, "
               f"{kv_slots * running.sum() / reserved.sum():,.0f} with max-length reservation")
         """),
         md("""

@@ -28,11 +28,14 @@ def build():
         just as the FLOPs do.
         """),
         exercise("ch06.compute_bound_batch", "intensity = 2 B N / (N b + B c kv); solve for B, or give up when B -> infinity stays below the ridge", '''
-        def compute_bound_batch(ridge_point, context, n_params, bytes_per_param, kv_bytes_per_token):
-            """Smallest batch whose decode step reaches the ridge point, or math.inf if none does."""
+        def compute_bound_batch(ridge_point, context, n_params, bytes_per_param,
+                                kv_bytes_per_token):
+            """Smallest batch whose decode step reaches the ridge point,
+            or math.inf if none does."""
             ### BEGIN SOLUTION
             def intensity(batch):
-                return 2 * batch * n_params / (n_params * bytes_per_param + batch * context * kv_bytes_per_token)
+                return 2 * batch * n_params / (n_params * bytes_per_param
+                                               + batch * context * kv_bytes_per_token)
 
             if 2 * n_params <= ridge_point * context * kv_bytes_per_token:
                 return math.inf  # the limit of the intensity as batch grows is below the ridge
@@ -57,8 +60,10 @@ def build():
 
         compare_plot(compute_bound_batch, reference_compute_bound_batch,
                      x=("context", [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]),
-                     sliders={"ridge_point": [295.2, 153.0, 5.0, 2.5], "n_params": [8.03e9, 1.24e9, 70.6e9],
-                              "bytes_per_param": [2, 1, 0.5, 4], "kv_bytes_per_token": [131072, 32768, 327680]},
+                     sliders={"ridge_point": [295.2, 153.0, 5.0, 2.5],
+                              "n_params": [8.03e9, 1.24e9, 70.6e9],
+                              "bytes_per_param": [2, 1, 0.5, 4],
+                              "kv_bytes_per_token": [131072, 32768, 327680]},
                      logx=True, logy=True, xlabel="context (tokens per sequence)",
                      ylabel="smallest compute-bound batch")
         '''),
@@ -72,7 +77,8 @@ def build():
         **total tokens/s** this predicts: one token per sequence per step.
         """),
         exercise("ch06.predicted_throughput", "batch / max(bytes / bandwidth, flops / peak)", '''
-        def predicted_throughput(batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops):
+        def predicted_throughput(batch, context, weight_bytes, kv_bytes_per_token, flops_per_token,
+                                 bandwidth, peak_flops):
             """Upper bound on total tokens/s of batched decode."""
             ### BEGIN SOLUTION
             memory_s = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
@@ -91,7 +97,8 @@ def build():
         compare_plot(predicted_throughput, reference_predicted_throughput,
                      x=("batch", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
                      sliders={"context": [64, 1024, 8192], "weight_bytes": [538e6, 16.06e9],
-                              "kv_bytes_per_token": [46080, 131072], "flops_per_token": [268e6, 15e9],
+                              "kv_bytes_per_token": [46080, 131072],
+                              "flops_per_token": [268e6, 15e9],
                               "bandwidth": [20e9, 3.35e12], "peak_flops": [60e9, 989e12]},
                      logx=True, logy=True, xlabel="batch size", ylabel="total tokens/s (ceiling)")
         '''),
@@ -144,7 +151,8 @@ def build():
                 return blocks_in_use(allocator, events[:events_done], 24, block_size)
             return after
 
-        compare_plot(in_use(block_tables), in_use(reference_block_tables), x=("events_done", list(range(0, 61, 2))),
+        compare_plot(in_use(block_tables), in_use(reference_block_tables),
+                     x=("events_done", list(range(0, 61, 2))),
                      sliders={"block_size": [4, 1, 2, 8, 16], "seed": (0, 20, 1, 0)},
                      xlabel="events replayed", ylabel="blocks in use (of 24)")
         '''),
@@ -177,10 +185,12 @@ def build():
             return [max(1, int(rng.expovariate(1 / typical))) for _ in range(32)]
 
         compare_plot(lambda block_size, typical: paged_waste(lengths_around(typical), block_size),
-                     lambda block_size, typical: reference_paged_waste(lengths_around(typical), block_size),
+                     lambda block_size, typical:
+                         reference_paged_waste(lengths_around(typical), block_size),
                      x=("block_size", [1, 2, 4, 8, 16, 32, 64, 128, 256]),
                      sliders={"typical": [300, 30, 100, 1000, 4000]},
-                     logx=True, xlabel="block size (tokens)", ylabel="fraction of allocated slots empty")
+                     logx=True, xlabel="block size (tokens)",
+                     ylabel="fraction of allocated slots empty")
         '''),
         check("ch06.paged_waste", "paged_waste", 1),
     ])

@@ -71,7 +71,8 @@ def cells():
         for name, (bits, dtype) in formats.items():
             assert bits / 8 == cost.bytes_per_element(dtype), name
             weight_bytes = cost.weight_bytes(spec, dtype)
-            print(f"{name:<10} {bits:>11.3g} {weight_bytes / 1e6:>21.0f} MB {bandwidth / weight_bytes:>7.0f} tok/s")
+            print(f"{name:<10} {bits:>11.3g} {weight_bytes / 1e6:>21.0f} "
+                  f"MB {bandwidth / weight_bytes:>7.0f} tok/s")
         """),
         md(r"""
         Q4_1 and int4-g32 have the same shape: 4 bits plus two 16-bit numbers per 32 weights, which is 5 bits.
@@ -89,7 +90,8 @@ def cells():
         hf_model, tokenizer = models.load(spec)
         fp32_model = Transformer.from_hf(hf_model)
         del hf_model  # the engine has its own copy of the weights
-        W = fp32_model.blocks[0].mlp.gate_up.weight.contiguous()  # [3072, 576]: gate rows, then up rows
+        # [3072, 576]: gate rows, then up rows
+        W = fp32_model.blocks[0].mlp.gate_up.weight.contiguous()
 
         def int8_per_channel(w):
             scale = w.abs().amax(dim=1, keepdim=True) / 127
@@ -101,7 +103,8 @@ def cells():
 
         codes8, scale8 = int8_per_channel(W)
         error = codes8.float() * scale8 - W
-        print(f"W {tuple(W.shape)}: {W.nbytes / 1e6:.2f} MB in fp32 -> {codes8.nbytes / 1e6:.2f} MB of codes "
+        print(f"W {tuple(W.shape)}: "
+              f"{W.nbytes / 1e6:.2f} MB in fp32 -> {codes8.nbytes / 1e6:.2f} MB of codes "
               f"+ {scale8.numel() * 2 / 1e3:.1f} kB of 16-bit scales")
         print(f"worst error / half a step: {(error.abs() / (scale8 / 2)).max():.3f};  "
               f"relative RMS error: {relative_rms(error, W):.3%}")
@@ -144,14 +147,16 @@ def cells():
             return (codes.float().reshape(rows, step.shape[1], -1) * step + low).reshape(rows, cols)
 
         def pack_pairs(codes):
-            return codes[:, 0::2] | (codes[:, 1::2] << 4)  # even column in the low nibble, odd in the high
+            # even column in the low nibble, odd in the high
+            return codes[:, 0::2] | (codes[:, 1::2] << 4)
 
         codes4, step4, low4 = int4_groupwise(W, 64)
         packed = pack_pairs(codes4)
         stored = packed.nbytes + step4.numel() * 2 + low4.numel() * 2  # 16-bit step and minimum
         print(f"codes {tuple(codes4.shape)} -> packed {tuple(packed.shape)} {packed.dtype}: "
               f"{stored / 1e6:.3f} MB = {stored * 8 / W.numel():.3f} bits per weight")
-        print(f"first byte {packed[0, 0].item():#04x}: code {codes4[0, 0].item()} in the low nibble, "
+        print(f"first byte {packed[0, 0].item():#04x}: "
+              f"code {codes4[0, 0].item()} in the low nibble, "
               f"code {codes4[0, 1].item()} in the high one")
         print("identical to memwall's pack_int4:", torch.equal(packed, pack_int4(codes4)))
         """),
@@ -168,7 +173,8 @@ def cells():
             for w in (W, head):
                 c, s, lo = int4_groupwise(w, g)
                 errors.append(relative_rms(dequantize_groupwise(c, s, lo) - w, w))
-            print(f"{g:>10} {bits_per_weight(4, g, 32):>11.3f} {errors[0]:>16.2%} {errors[1]:>12.2%}")
+            print(f"{g:>10} {bits_per_weight(4, g, 32):>11.3f} "
+                  f"{errors[0]:>16.2%} {errors[1]:>12.2%}")
         """),
         md(r"""
         At $g = 32$ the layer-0 error is zero, to float precision. That is not luck, and the next
@@ -195,7 +201,8 @@ def cells():
         metadata, tensors = gguf_q4.read_directory(path)
         kinds = collections.Counter(t.type_name for t in tensors.values())
         print(f"{path.name}: {len(tensors)} tensors, {dict(kinds)}")
-        print("the token embedding, which is also the output head:", tensors["token_embd.weight"].type_name)
+        print("the token embedding, which is also the output head:",
+              tensors["token_embd.weight"].type_name)
         info = tensors["blk.0.ffn_gate.weight"]
         print(f"{info.name}: {info.type_name}, shape {info.shape}, {info.n_bytes:,} bytes = "
               f"{info.n_bytes * 8 / np.prod(info.shape):.2f} bits per weight")
@@ -207,7 +214,8 @@ def cells():
         d = block[0:2].view(np.float16)[0]
         m = block[2:4].view(np.float16)[0]
         nibbles = block[4:20]
-        q = np.concatenate([nibbles & 0x0F, nibbles >> 4])  # weights 0-15 in low nibbles, 16-31 in high ones
+        # weights 0-15 in low nibbles, 16-31 in high ones
+        q = np.concatenate([nibbles & 0x0F, nibbles >> 4])
         x = np.float32(d) * q.astype(np.float32) + np.float32(m)
         print(f"d = {d}, m = {m}")
         print("codes:  ", q.tolist())
@@ -222,15 +230,19 @@ def cells():
         import gguf  # the reference implementation, installed with memwall
 
         reference = gguf.quants.dequantize(block, gguf.GGMLQuantizationType.Q4_1).reshape(-1)
-        print("bit for bit equal to gguf.quants.dequantize:", np.array_equal(x.view(np.uint32), reference.view(np.uint32)))
+        print("bit for bit equal to gguf.quants.dequantize:",
+              np.array_equal(x.view(np.uint32), reference.view(np.uint32)))
         print("equal to the fp32 model's weights [0, :32]:", np.array_equal(x, W[0, :32].numpy()))
 
         blocks = np.array(gguf_q4.raw_bytes(path, info)).reshape(-1, 20)
-        file_codes = np.concatenate([blocks[:, 4:] & 0x0F, blocks[:, 4:] >> 4], axis=1).reshape(info.shape)
+        file_codes = np.concatenate([blocks[:, 4:] & 0x0F, blocks[:, 4:] >> 4],
+                                    axis=1).reshape(info.shape)
         our_codes, _, _ = int4_groupwise(W[:info.shape[0]], 32)  # the gate half of gate/up
-        ends_used = ((file_codes.reshape(-1, 32).min(1) == 0) & (file_codes.reshape(-1, 32).max(1) == 15)).mean()
+        ends_used = ((file_codes.reshape(-1, 32).min(1) == 0)
+                     & (file_codes.reshape(-1, 32).max(1) == 15)).mean()
         print(f"blocks whose codes include both 0 and 15: {ends_used:.2%}")
-        print(f"our int4-g32 codes equal to the file's Q4_1 codes: {(our_codes.numpy() == file_codes).mean():.2%}")
+        print("our int4-g32 codes equal to the file's Q4_1 codes: "
+              f"{(our_codes.numpy() == file_codes).mean():.2%}")
         """),
         md(r"""
         So the "fp32" model is a Q4_1 model decoded to floats. transformers did that decoding when it loaded

@@ -25,8 +25,10 @@ def speed_cells():
             "fp32": fp32_model,
             "bf16": copy.deepcopy(fp32_model).to(torch.bfloat16),
             "int8": quantize(fp32_model, "int8", inplace=False),
-            "int4-g32 + int8 head": quantize(fp32_model, "int4", group_size=32, head="int8", inplace=False),
-            "int4-g64 + int8 head": quantize(fp32_model, "int4", group_size=64, head="int8", inplace=False),
+            "int4-g32 + int8 head": quantize(fp32_model, "int4", group_size=32, head="int8",
+                                             inplace=False),
+            "int4-g64 + int8 head": quantize(fp32_model, "int4", group_size=64, head="int8",
+                                             inplace=False),
             "int4-g32, int4 head": quantize(fp32_model, "int4", group_size=32, inplace=False),
         }
         prompt = quality.eval_token_ids(tokenizer, 32)
@@ -34,38 +36,47 @@ def speed_cells():
         for model in variants.values():
             generate(model, prompt, 2)  # warm-up
         step_times = {name: [] for name in variants}
-        for _ in range(REPEATS):  # interleaved: a burst of load from elsewhere slows every format alike
+        # interleaved: a burst of load from elsewhere slows every format alike
+        for _ in range(REPEATS):
             for name, model in variants.items():
                 step_times[name] += generate(model, prompt, NEW_TOKENS).step_times_s
 
         speed = {}
-        print(f"{'format':<22} {'weights':>9} {'ms/token':>9} {'tok/s':>7} {'ceiling':>8} {'of ceiling':>10} "
+        print(f"{'format':<22} {'weights':>9} {'ms/token':>9} "
+              f"{'tok/s':>7} {'ceiling':>8} {'of ceiling':>10} "
               f"{'vs fp32':>8} {'not bytes':>10}")
         for name, model in variants.items():
             seconds = statistics.median(step_times[name])
             kv_bytes = model.new_cache(max_tokens=1).nbytes * (len(prompt) + NEW_TOKENS / 2)
             step_bytes = model.weight_bytes_per_step() + kv_bytes
             speed[name] = dict(tok_s=1 / seconds, ceiling=bandwidth / step_bytes,
-                               weight_mb=model.weight_bytes_per_step() / 1e6, leftover_ms=(seconds - step_bytes / bandwidth) * 1e3)
+                               weight_mb=model.weight_bytes_per_step() / 1e6,
+                               leftover_ms=(seconds - step_bytes / bandwidth) * 1e3)
             row = speed[name]
-            print(f"{name:<22} {row['weight_mb']:>6.0f} MB {seconds * 1e3:>9.1f} {row['tok_s']:>7.1f} "
+            print(f"{name:<22} {row['weight_mb']:>6.0f} MB "
+                  f"{seconds * 1e3:>9.1f} {row['tok_s']:>7.1f} "
                   f"{row['ceiling']:>8.0f} {row['tok_s'] / row['ceiling']:>10.0%} "
                   f"{row['tok_s'] / speed['fp32']['tok_s']:>7.2f}x {row['leftover_ms']:>7.1f} ms")
 
         all_int4 = variants["int4-g32, int4 head"].weight_bytes_per_step()
         print(f"\\nint4-g32 weights from the real tensors: {all_int4 / 1e6:.2f} MB; memwall.cost: "
-              f"{cost.weight_bytes(spec, 'int4-g32') / 1e6:.2f} MB (the rest: fp32 norms and one embedding row)")
+              f"{cost.weight_bytes(spec, 'int4-g32') / 1e6:.2f} MB (the rest: "
+              "fp32 norms and one embedding row)")
         for name in ("bf16", "int8", "int4-g32 + int8 head"):
-            print(f"{name}: {speed['fp32']['weight_mb'] / speed[name]['weight_mb']:.1f}x fewer weight bytes than fp32, "
+            print(f"{name}: {speed['fp32']['weight_mb'] / speed[name]['weight_mb']:.1f}x "
+                  "fewer weight bytes than fp32, "
                   f"{speed[name]['tok_s'] / speed['fp32']['tok_s']:.2f}x its tokens/s")
         """),
         code("""
         fig, ax = plt.subplots(figsize=(8, 3.8))
         names = list(speed)
         positions = np.arange(len(names))
-        ax.bar(positions - 0.2, [speed[n]["ceiling"] for n in names], 0.4, label="ceiling: bandwidth / bytes per step", color="lightgray")
-        ax.bar(positions + 0.2, [speed[n]["tok_s"] for n in names], 0.4, label="measured", color="C0")
-        ax.set_xticks(positions, [n.replace(" + ", "\\n+ ").replace(", ", ",\\n") for n in names], fontsize=8)
+        ax.bar(positions - 0.2, [speed[n]["ceiling"] for n in names], 0.4,
+               label="ceiling: bandwidth / bytes per step", color="lightgray")
+        ax.bar(positions + 0.2, [speed[n]["tok_s"] for n in names], 0.4, label="measured",
+               color="C0")
+        ax.set_xticks(positions, [n.replace(" + ", "\\n+ ").replace(", ", ",\\n") for n in names],
+                      fontsize=8)
         ax.set_ylabel("decode tokens/s (batch 1)")
         ax.set_title(f"SmolLM2-135M on this machine ({bandwidth / 1e9:.0f} GB/s measured)")
         ax.legend()
@@ -106,21 +117,25 @@ def dequant_cost_cells():
         def gate_ups(model):
             return [block.mlp.gate_up for block in model.blocks]
 
-        int8_layers, int4_layers = gate_ups(variants["int8"]), gate_ups(variants["int4-g32 + int8 head"])
+        int8_layers, int4_layers = (gate_ups(variants["int8"]),
+                                    gate_ups(variants["int4-g32 + int8 head"]))
         int8_fp32_inputs = [(layer.codes, layer.scales.float()) for layer in int8_layers]
         paths = {  # name: (one function per layer, weight bytes per weight)
             "fp32 (the engine's split-K bmm)": (gate_ups(fp32_model), 4),
             "int8 kernel, bf16 activations": (int8_layers, 1),
-            "int8 kernel, fp32 activations": ([lambda x, w=w: torch.ops.aten._weight_int8pack_mm(x, *w)
+            "int8 kernel, fp32 activations":
+                ([lambda x, w=w: torch.ops.aten._weight_int8pack_mm(x, *w)
                                                for w in int8_fp32_inputs], 1),
-            "int8: dequantize all, then matmul": ([layer.reference_forward for layer in int8_layers], 1),
+            "int8: dequantize all, then matmul":
+                ([layer.reference_forward for layer in int8_layers], 1),
             "int4-g32 kernel": (int4_layers, 0.625),
-            "int4-g32: dequantize all, then matmul": ([layer.reference_forward for layer in int4_layers], 0.625),
+            "int4-g32: dequantize all, then matmul":
+                ([layer.reference_forward for layer in int4_layers], 0.625),
         }
 
         def median_seconds(functions, x, repeats):
-            \"\"\"Median seconds per call. Cycling through every layer's matrix (212 MB in fp32) means the
-            weights come from memory, as in a decode step, not from the 32 MB cache.\"\"\"
+            \"\"\"Median seconds per call. Cycling through every layer's matrix (212 MB in fp32)
+            means the weights come from memory, as in a decode step, not from the 32 MB cache.\"\"\"
             for fn in functions:
                 fn(x)
             times = []
@@ -136,17 +151,24 @@ def dequant_cost_cells():
         print(f"{'path':<38} {'1 row':>9} {'read rate':>10} {'128 rows':>9}")
         with torch.inference_mode():
             for name, (functions, bytes_per_weight) in paths.items():
-                t1, t_many = median_seconds(functions, one_row, 5), median_seconds(functions[:1], many_rows, 3)
+                t1, t_many = median_seconds(functions, one_row, 5), median_seconds(functions[:1],
+                                                                                   many_rows, 3)
                 weight_bytes = W.numel() * bytes_per_weight
                 timings[name] = (t1, t_many)
-                print(f"{name:<38} {t1 * 1e6:>6.0f} us {weight_bytes / t1 / 1e9:>6.1f} GB/s {t_many * 1e3:>6.1f} ms")
+                print(f"{name:<38} {t1 * 1e6:>6.0f} us "
+                      f"{weight_bytes / t1 / 1e9:>6.1f} GB/s {t_many * 1e3:>6.1f} ms")
 
         fp32_1, fp32_many = timings["fp32 (the engine's split-K bmm)"]
-        print(f"\\n1 row: dequantize-then-matmul takes {timings['int8: dequantize all, then matmul'][0] / fp32_1:.1f}x (int8) and "
-              f"{timings['int4-g32: dequantize all, then matmul'][0] / fp32_1:.1f}x (int4) the fp32 time")
+        print("\\n1 row: dequantize-then-matmul takes "
+              f"{timings['int8: dequantize all, then matmul'][0] / fp32_1:.1f}x (int8) and "
+              f"{timings['int4-g32: dequantize all, then matmul'][0] / fp32_1:.1f}x "
+              "(int4) the fp32 time")
+        fp32_over_bf16 = (timings['int8 kernel, fp32 activations'][0]
+                          / timings['int8 kernel, bf16 activations'][0])
         print(f"1 row: the int8 kernel with fp32 activations takes "
-              f"{timings['int8 kernel, fp32 activations'][0] / timings['int8 kernel, bf16 activations'][0]:.0f}x its bf16 time")
-        print(f"128 rows: int8 kernel {timings['int8 kernel, bf16 activations'][1] / fp32_many:.2f}x, "
+              f"{fp32_over_bf16:.0f}x its bf16 time")
+        print("128 rows: "
+              f"int8 kernel {timings['int8 kernel, bf16 activations'][1] / fp32_many:.2f}x, "
               f"int4 kernel {timings['int4-g32 kernel'][1] / fp32_many:.2f}x the fp32 time")
         """),
         md(r"""
@@ -195,20 +217,25 @@ def quality_cells():
         weight_mb = {name: speed[name]["weight_mb"] for name in speed}
         weight_mb["int4-g192 + int8 head"] = g192.weight_bytes_per_step() / 1e6
         del g192
-        scored["fp32 + int8 KV cache"] = quality.score(with_int8_kv(fp32_model), eval_ids, window=EVAL_TOKENS)
+        scored["fp32 + int8 KV cache"] = quality.score(with_int8_kv(fp32_model), eval_ids,
+                                                       window=EVAL_TOKENS)
         weight_mb["fp32 + int8 KV cache"] = weight_mb["fp32"]
 
         base = scored["fp32"].perplexity
         print(f"{len(eval_ids)} tokens of memwall's evaluation text\\n")
-        print(f"{'format':<24} {'weights':>9} {'tok/s':>7} {'perplexity':>11} {'change':>8} {'top-1 agreement':>16}")
+        print(f"{'format':<24} {'weights':>9} {'tok/s':>7} "
+              f"{'perplexity':>11} {'change':>8} {'top-1 agreement':>16}")
         for name, result in scored.items():
             tok_s = f"{speed[name]['tok_s']:.1f}" if name in speed else "-"
             print(f"{name:<24} {weight_mb[name]:>6.0f} MB {tok_s:>7} {result.perplexity:>11.2f} "
-                  f"{result.perplexity / base - 1:>+8.1%} {result.agreement(scored['fp32']):>16.1%}")
+                  f"{result.perplexity / base - 1:>+8.1%} "
+                  f"{result.agreement(scored['fp32']):>16.1%}")
 
         head_saving = weight_mb["int4-g32 + int8 head"] - weight_mb["int4-g32, int4 head"]
-        head_cost = scored["int4-g32, int4 head"].perplexity / scored["int4-g32 + int8 head"].perplexity - 1
-        print(f"\\nthe output head in int4 instead of int8: {head_saving:.1f} MB fewer per step, perplexity {head_cost:+.1%}")
+        head_cost = (scored["int4-g32, int4 head"].perplexity
+                     / scored["int4-g32 + int8 head"].perplexity - 1)
+        print("\\nthe output head in int4 instead of int8: "
+              f"{head_saving:.1f} MB fewer per step, perplexity {head_cost:+.1%}")
         """),
         code("""
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -264,7 +291,8 @@ def kv_cells():
                               for name, dtype in kv_formats.items())
             print(f"  KV cache at {context:>5} tokens: {parts}")
         big = "llama-3.1-8b"
-        print(f"\\n{big}, 16 users x 8192 tokens: weights {cost.weight_bytes(big, 'bf16') / 1e9:.1f} GB in bf16; KV cache "
+        print(f"\\n{big}, 16 users x 8192 tokens: "
+              f"weights {cost.weight_bytes(big, 'bf16') / 1e9:.1f} GB in bf16; KV cache "
               f"{cost.kv_cache_bytes(big, 8192, 16, 'bf16') / 1e9:.1f} GB in bf16, "
               f"{cost.kv_cache_bytes(big, 8192, 16, 'int8-g128') / 1e9:.1f} GB in int8")
 
@@ -308,13 +336,18 @@ def kv_cells():
                 decode_step(model, token, cache)
                 kv_times[name].append(time.perf_counter() - start)
                 cache.rollback(CONTEXT)
-        print(f"{'cache':<8} {'allocated':>10} {'calculator':>11} {'read per step':>14} {'bound':>9} {'measured':>9}")
+        print(f"{'cache':<8} {'allocated':>10} {'calculator':>11} "
+              f"{'read per step':>14} {'bound':>9} {'measured':>9}")
         for name, cache in caches.items():
             read = model.weight_bytes_per_step() + cache.nbytes * CONTEXT / cache.max_tokens
-            print(f"{name:<8} {cache.nbytes / 1e6:>7.1f} MB {calculator[name] / 1e6:>8.1f} MB {read / 1e6:>11.0f} MB "
-                  f"{read / bandwidth * 1e3:>6.1f} ms {statistics.median(kv_times[name]) * 1e3:>6.1f} ms")
-        print(f"the int8 cache holds the same tokens in {caches['fp32 KV'].nbytes / caches['int8 KV'].nbytes:.2f}x "
-              f"less memory than fp32 ({calculator['fp32 KV'] / 2 / calculator['int8 KV']:.2f}x less than bf16)")
+            print(f"{name:<8} {cache.nbytes / 1e6:>7.1f} MB "
+                  f"{calculator[name] / 1e6:>8.1f} MB {read / 1e6:>11.0f} MB "
+                  f"{read / bandwidth * 1e3:>6.1f} ms "
+                  f"{statistics.median(kv_times[name]) * 1e3:>6.1f} ms")
+        print("the int8 cache holds the same tokens in "
+              f"{caches['fp32 KV'].nbytes / caches['int8 KV'].nbytes:.2f}x "
+              "less memory than fp32 "
+              f"({calculator['fp32 KV'] / 2 / calculator['int8 KV']:.2f}x less than bf16)")
         ratio = statistics.median(kv_times["int8 KV"]) / statistics.median(kv_times["fp32 KV"])
         print(f"int8 KV step time / fp32 KV step time: {ratio:.2f}")
         """),

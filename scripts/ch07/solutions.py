@@ -39,7 +39,8 @@ def build():
 
         def ceiling_with(bits_fn):
             def ceiling(group_size, code_bits, metadata_bits, bandwidth_gb_s):
-                return bandwidth_gb_s * 1e9 / (SMOLLM2_PARAMS * bits_fn(code_bits, group_size, metadata_bits) / 8)
+                return bandwidth_gb_s * 1e9 / (SMOLLM2_PARAMS
+                                               * bits_fn(code_bits, group_size, metadata_bits) / 8)
             return ceiling
 
         compare_plot(ceiling_with(bits_per_weight), ceiling_with(reference_bits_per_weight),
@@ -62,7 +63,8 @@ def build():
         import numpy as np
 
         def symmetric_quantize(w, bits):
-            """Per-row absmax quantization to `bits` bits, returned dequantized (same shape as w)."""
+            """Per-row absmax quantization to `bits` bits, returned dequantized
+            (same shape as w)."""
             ### BEGIN SOLUTION
             w = np.asarray(w, dtype=np.float32)
             levels = 2 ** (bits - 1) - 1
@@ -80,7 +82,8 @@ def build():
         from memwall.grading.checks.ch07 import reference_symmetric_quantize, relative_rms_error
 
         compare_plot(lambda bits, outlier: relative_rms_error(symmetric_quantize, bits, outlier),
-                     lambda bits, outlier: relative_rms_error(reference_symmetric_quantize, bits, outlier),
+                     lambda bits, outlier:
+                         relative_rms_error(reference_symmetric_quantize, bits, outlier),
                      x=("bits", [2, 3, 4, 5, 6, 7, 8]), sliders={"outlier": (1.0, 50.0, 1.0, 1.0)},
                      logy=True, xlabel="bits per code", ylabel="relative RMS error")
         '''),
@@ -95,7 +98,8 @@ def build():
         """),
         exercise("ch07.pack_int4", "even index in bits 0-3, odd index shifted left by 4", '''
         def pack_int4(codes):
-            """Two 4-bit codes per byte: even index in the low nibble, odd index in the high nibble."""
+            """Two 4-bit codes per byte: even index in the low nibble,
+            odd index in the high nibble."""
             ### BEGIN SOLUTION
             codes = np.asarray(codes, dtype=np.uint8)
             return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
@@ -138,9 +142,12 @@ def build():
         from memwall.grading.checks.ch07 import make_q4_1_block, reference_decode_q4_1_block
 
         ramp = list(range(16)) + list(range(15, -1, -1))
-        compare_plot(lambda index, d, m: float(decode_q4_1_block(make_q4_1_block(d, m, ramp))[index]),
-                     lambda index, d, m: float(reference_decode_q4_1_block(make_q4_1_block(d, m, ramp))[index]),
-                     x=("index", list(range(32))), sliders={"d": (0.01, 0.2, 0.01, 0.05), "m": (-1.5, 0.5, 0.1, -0.4)},
+        compare_plot(lambda index, d, m:
+                         float(decode_q4_1_block(make_q4_1_block(d, m, ramp))[index]),
+                     lambda index, d, m:
+                         float(reference_decode_q4_1_block(make_q4_1_block(d, m, ramp))[index]),
+                     x=("index", list(range(32))),
+                     sliders={"d": (0.01, 0.2, 0.01, 0.05), "m": (-1.5, 0.5, 0.1, -0.4)},
                      xlabel="weight index in the block", ylabel="decoded weight")
         '''),
         md("Your decoder on the first block of a real tensor in the shipped GGUF file, next to memwall's:"),

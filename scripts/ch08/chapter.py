@@ -38,12 +38,14 @@ def cells():
         from memwall import models
         from memwall.engine import Transformer, generate
         from memwall.engine.drafts import PromptLookupDraft, SelfDraft, first_layers
-        from memwall.engine.speculative import exact_acceptance, expected_tokens_per_pass, speculative_generate
+        from memwall.engine.speculative import (exact_acceptance, expected_tokens_per_pass,
+                                                speculative_generate)
 
         hf_model, tokenizer = models.load("smollm2-135m")
         model = Transformer.from_hf(hf_model)
         del hf_model  # the engine holds its own copy of the weights
-        print(f"{model.n_layers} layers, {model.weight_bytes_per_step() / 1e6:.0f} MB of weights read per decode step")
+        print(f"{model.n_layers} layers, "
+              f"{model.weight_bytes_per_step() / 1e6:.0f} MB of weights read per decode step")
         """),
         md(r"""
         We use two prompts, both through the model's chat template. One asks for a story: new text,
@@ -51,10 +53,12 @@ def cells():
         so most of the answer is already sitting in the prompt.
         """),
         code('''
-        PASSAGE = ("The memory wall is the growing gap between how fast processors compute and how fast "
-                   "memory can feed them. When a language model decodes, it reads every weight once for each "
-                   "token it produces, so the speed of generation is set by memory bandwidth, not by arithmetic.")
-        PROMPTS = {"story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        PASSAGE = ("The memory wall is the growing gap between how fast processors compute "
+                   "and how fast memory can feed them. When a language model decodes, it "
+                   "reads every weight once for each token it produces, so the speed of "
+                   "generation is set by memory bandwidth, not by arithmetic.")
+        PROMPTS = {"story": "Write a short story about a lighthouse keeper who finds a message "
+                            "in a bottle.",
                    "quote": "Repeat this paragraph word for word:\\n\\n" + PASSAGE}
         END = tokenizer.convert_tokens_to_ids("<|im_end|>")  # the end-of-turn token
 
@@ -98,16 +102,19 @@ def cells():
 
         pass_ms = {n: 1e3 * statistics.median(t) for n, t in times.items()}
         step_ms = pass_ms[1]
-        verify_ratio = {n: pass_ms[n] / step_ms for n in fed_counts}  # cost of a pass, in decode steps
+        # cost of a pass, in decode steps
+        verify_ratio = {n: pass_ms[n] / step_ms for n in fed_counts}
         print(f"{'tokens fed':>10} {'ms':>8} {'x one step':>11} {'ms per token':>13}")
         for n in fed_counts:
             print(f"{n:>10} {pass_ms[n]:8.1f} {verify_ratio[n]:11.2f} {pass_ms[n] / n:13.1f}")
-        print(f"one decode step reads the weights at {model.weight_bytes_per_step() / step_ms / 1e6:.1f} GB/s")
+        print("one decode step reads the weights at "
+              f"{model.weight_bytes_per_step() / step_ms / 1e6:.1f} GB/s")
         """),
         code("""
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         ax.plot(fed_counts, [verify_ratio[n] for n in fed_counts], "o-", label="measured")
-        ax.plot(fed_counts, [1] * len(fed_counts), "--", color="gray", label="free: weights read once, 1 step")
+        ax.plot(fed_counts, [1] * len(fed_counts), "--", color="gray",
+                label="free: weights read once, 1 step")
         ax.plot(fed_counts, fed_counts, ":", color="C3", label="no sharing: one step per token")
         ax.set_xlabel("tokens fed in one forward pass (1 + k guesses)")
         ax.set_ylabel("time, in one-token decode steps")
@@ -142,7 +149,8 @@ def cells():
         """),
         code('''
         def lookup_guesses(context, k, ngram=3):
-            """Up to k tokens that followed the latest earlier occurrence of the context's last n-gram."""
+            """Up to k tokens that followed the latest earlier occurrence of the context's
+            last n-gram."""
             for n in range(ngram, 0, -1):
                 tail = context[-n:]
                 for start in range(len(context) - n - 1, -1, -1):
@@ -160,11 +168,13 @@ def cells():
             while len(context) - len(prompt) < new_tokens:
                 guesses = guess(context, k)
                 fed = torch.tensor([[context[-1], *guesses]])
-                best = model(fed, cache)[0].argmax(-1).tolist()  # the target's token after each fed token
+                # the target's token after each fed token
+                best = model(fed, cache)[0].argmax(-1).tolist()
                 kept = 0
                 while kept < len(guesses) and guesses[kept] == best[kept]:
                     kept += 1
-                context += guesses[:kept] + [best[kept]]  # the kept guesses, then one token of its own
+                # the kept guesses, then one token of its own
+                context += guesses[:kept] + [best[kept]]
                 cache.rollback(len(context) - 1)  # forget the rejected guesses' keys and values
                 passes += 1
             return context[len(prompt):][:new_tokens], passes
@@ -173,7 +183,8 @@ def cells():
         N_NEW = 48
         ours, passes = greedy_speculative(model, lookup_guesses, prompt_ids["quote"], N_NEW, k=4)
         plain = generate(model, prompt_ids["quote"], N_NEW).tokens
-        memwall_out = speculative_generate(model, PromptLookupDraft(ngram=3), prompt_ids["quote"], N_NEW, k=4)
+        memwall_out = speculative_generate(model, PromptLookupDraft(ngram=3), prompt_ids["quote"],
+                                           N_NEW, k=4)
         print("same tokens as plain greedy decoding:", ours == plain)
         print("same tokens as memwall's speculative_generate:", ours == memwall_out.tokens)
         print(f"{N_NEW} tokens in {passes} target passes: {N_NEW / passes:.2f} tokens per pass")
@@ -211,11 +222,13 @@ def cells():
         """),
         code('''
         p = np.array([0.35, 0.25, 0.20, 0.10, 0.07, 0.03])  # the target
-        q = np.array([0.10, 0.40, 0.10, 0.30, 0.05, 0.05])  # the draft: a different guess at the same vocabulary
+        # the draft: a different guess at the same vocabulary
+        q = np.array([0.10, 0.40, 0.10, 0.30, 0.05, 0.05])
 
 
         def speculate_once(p, q, samples, rng, replacement="residual"):
-            """One guess per sample from q, the acceptance test, and a replacement for each rejection."""
+            """One guess per sample from q, the acceptance test, and a replacement
+            for each rejection."""
             guess = rng.choice(len(q), size=samples, p=q)
             accepted = rng.random(samples) < p[guess] / q[guess]
             residual = np.maximum(p - q, 0)
@@ -235,7 +248,8 @@ def cells():
         print("min(p,q)           ", overlap.round(3))
         print("max(0,p-q)         ", np.maximum(p - q, 0).round(3))
         print("sum of the two rows", (overlap + np.maximum(p - q, 0)).round(3), "= p")
-        print(f"acceptance: predicted sum(min(p,q)) = {overlap.sum():.3f}, measured {acceptance:.3f}")
+        print(f"acceptance: predicted sum(min(p,q)) = {overlap.sum():.3f}, "
+              f"measured {acceptance:.3f}")
         print(f"total variation from p: exact rule {0.5 * np.abs(exact_freq - p).sum():.4f}, "
               f"replacement drawn from p instead {0.5 * np.abs(wrong_freq - p).sum():.4f}")
         '''),
@@ -243,7 +257,8 @@ def cells():
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         width = 0.2
         tokens = np.arange(len(p))
-        for offset, (values, label) in enumerate([(p, "target p"), (q, "draft q"), (exact_freq, "exact rule"),
+        for offset, (values, label) in enumerate([(p, "target p"), (q, "draft q"),
+                                                  (exact_freq, "exact rule"),
                                                   (wrong_freq, "replacement from p (wrong)")]):
             ax.bar(tokens + (offset - 1.5) * width, values, width, label=label)
         ax.set_xlabel("token")
@@ -265,7 +280,8 @@ def cells():
         """),
         code("""
         generator = torch.Generator().manual_seed(0)
-        p_t, q_t = torch.tensor(np.stack([p, p]), dtype=torch.float32), torch.tensor(q[None], dtype=torch.float32)
+        p_t, q_t = (torch.tensor(np.stack([p, p]), dtype=torch.float32),
+                    torch.tensor(q[None], dtype=torch.float32))
         emitted = []
         for _ in range(5000):
             guess = torch.multinomial(q_t[0], 1, generator=generator)
@@ -292,8 +308,10 @@ def cells():
         ks = np.arange(1, 17)
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for alpha in [0.2, 0.5, 0.8, 0.95]:
-            ax.plot(ks, [tokens_per_pass(alpha, k) for k in ks], "o-", markersize=3, label=f"α = {alpha}")
-            assert all(abs(tokens_per_pass(alpha, k) - expected_tokens_per_pass(alpha, k)) < 1e-9 for k in ks)
+            ax.plot(ks, [tokens_per_pass(alpha, k) for k in ks], "o-", markersize=3,
+                    label=f"α = {alpha}")
+            assert all(abs(tokens_per_pass(alpha, k) - expected_tokens_per_pass(alpha, k)) < 1e-9
+                       for k in ks)
         ax.set_xlabel("guesses per pass k")
         ax.set_ylabel("expected tokens per target pass")
         ax.set_title("(1 − α^(k+1)) / (1 − α)")
@@ -325,13 +343,15 @@ def cells():
 
         @torch.inference_mode()
         def early_exit_agreement(model, prompt, answer):
-            """For each depth N: how often the argmax after N layers equals the full model's, over the answer."""
+            """For each depth N: how often the argmax after N layers equals the full model's,
+            over the answer."""
             ids = torch.tensor([prompt + answer])
             length = ids.shape[1]
             x = model.embed(ids)
             rope = model.rotary(torch.arange(length), x.dtype)
             mask = causal_mask(length, 0, ids.device)
-            answer_positions = slice(len(prompt) - 1, length - 1)  # the positions that predicted the answer
+            # the positions that predicted the answer
+            answer_positions = slice(len(prompt) - 1, length - 1)
             guesses = []
             for layer, block in enumerate(model.blocks):
                 x = block(x, rope, None, layer, mask)
@@ -341,7 +361,8 @@ def cells():
 
 
         depths = list(range(1, model.n_layers + 1))
-        alpha_self = {name: early_exit_agreement(model, prompt_ids[name], answers[name]) for name in prompt_ids}
+        alpha_self = {name: early_exit_agreement(model, prompt_ids[name], answers[name])
+                      for name in prompt_ids}
         for name, alphas in alpha_self.items():
             print(name, " ".join(f"N={n}:{alphas[n - 1]:.2f}" for n in (4, 8, 12, 16, 20, 24, 28)))
         '''),
@@ -365,18 +386,22 @@ def cells():
                     caches[n].rollback(64)
                     if repeat > 0:
                         draft_times[n].append(elapsed)
-        draft_cost = {n: statistics.median(draft_times[n]) / statistics.median(draft_times[30]) for n in cost_depths}
-        print("cost of an N-layer step, in full steps:", {n: round(c, 2) for n, c in draft_cost.items()})
+        draft_cost = {n: statistics.median(draft_times[n]) / statistics.median(draft_times[30])
+                      for n in cost_depths}
+        print("cost of an N-layer step, in full steps:",
+              {n: round(c, 2) for n, c in draft_cost.items()})
         for name, alphas in alpha_self.items():
             # the best any depth and any k could do for this prompt, even if verification were free
             best = max((expected_tokens_per_pass(alphas[n - 1], k) / (k * draft_cost[n] + 1), n, k)
                        for n in cost_depths[:-1] for k in range(1, 9))
-            print(f"{name}: best self-draft, verification free: {best[0]:.2f}x (N={best[1]}, k={best[2]})")
+            print(f"{name}: best self-draft, verification free: "
+                  f"{best[0]:.2f}x (N={best[1]}, k={best[2]})")
 
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for name, alphas in alpha_self.items():
             ax.plot(depths, alphas, "o-", markersize=3, label=f"α, {name} prompt")
-        ax.plot(cost_depths, [draft_cost[n] for n in cost_depths], "s--", color="gray", label="draft step cost")
+        ax.plot(cost_depths, [draft_cost[n] for n in cost_depths], "s--", color="gray",
+                label="draft step cost")
         ax.set_xlabel("draft depth N (layers of the target's 30)")
         ax.set_ylabel("α  /  cost in full steps")
         ax.set_title("Self-drafting: agreement with the full model vs cost")
@@ -425,18 +450,24 @@ def cells():
             draft = PromptLookupDraft(int(arg)) if kind == "lookup" else SelfDraft(model, int(arg))
             plain_speed = plain_tok_per_s(prompt_ids[prompt_name])
             out = speculative_generate(model, draft, prompt_ids[prompt_name], N_NEW, k=k)
-            assert out.tokens == answers[prompt_name], "speculative output differs from plain greedy"
+            assert out.tokens == answers[prompt_name], (
+                "speculative output differs from plain greedy")
             speed = len(out.tokens) / (out.total_s - out.prefill_s)
             alpha = out.acceptance_rate
-            cost = 0.0 if kind == "lookup" else float(np.interp(int(arg), cost_depths, [draft_cost[n] for n in cost_depths]))
-            rows.append(dict(draft=draft_name, prompt=prompt_name, k=k, alpha=alpha, measured=out.mean_tokens_per_pass,
-                             formula=expected_tokens_per_pass(alpha, k), speedup=speed / plain_speed,
+            cost = 0.0 if kind == "lookup" else float(
+                np.interp(int(arg), cost_depths, [draft_cost[n] for n in cost_depths]))
+            rows.append(dict(draft=draft_name, prompt=prompt_name, k=k, alpha=alpha,
+                             measured=out.mean_tokens_per_pass,
+                             formula=expected_tokens_per_pass(alpha, k),
+                             speedup=speed / plain_speed,
                              predicted=predicted_speedup(alpha, k, cost)))
 
-        print(f"{'draft':>9} {'prompt':>6} {'k':>2} {'alpha':>6} {'tokens/pass':>11} {'formula':>8} "
+        print(f"{'draft':>9} {'prompt':>6} {'k':>2} "
+              f"{'alpha':>6} {'tokens/pass':>11} {'formula':>8} "
               f"{'speed-up':>9} {'predicted':>9}")
         for r in rows:
-            print(f"{r['draft']:>9} {r['prompt']:>6} {r['k']:>2} {r['alpha']:6.2f} {r['measured']:11.2f} "
+            print(f"{r['draft']:>9} {r['prompt']:>6} {r['k']:>2} "
+                  f"{r['alpha']:6.2f} {r['measured']:11.2f} "
                   f"{r['formula']:8.2f} {r['speedup']:8.2f}x {r['predicted']:8.2f}x")
         '''),
         md(r"""
@@ -477,11 +508,13 @@ def cells():
             print(f"k={k}: a verify pass costs {verify:.2f} steps here; a free draft needs {need}")
 
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
-        for label, alpha, cost in [("lookup, quote", rows[2]["alpha"], 0.0), ("lookup, story", rows[4]["alpha"], 0.0),
+        for label, alpha, cost in [("lookup, quote", rows[2]["alpha"], 0.0),
+                                   ("lookup, story", rows[4]["alpha"], 0.0),
                                    ("self:24, quote", rows[6]["alpha"], draft_cost[24])]:
             ax.plot(ks[:8], [predicted_speedup(alpha, k, cost) for k in ks[:8]], "o-", markersize=3,
                     label=f"{label} (α={alpha:.2f})")
-            ax.plot(ks[:8], [expected_tokens_per_pass(alpha, k) / (k * cost + 1) for k in ks[:8]], ":",
+            ax.plot(ks[:8], [expected_tokens_per_pass(alpha, k) / (k * cost + 1) for k in ks[:8]],
+                    ":",
                     color=ax.lines[-1].get_color())
         ax.axhline(1, color="gray", linewidth=1)
         ax.set_xlabel("guesses per pass k")

@@ -29,7 +29,8 @@ def build():
         """),
         exercise("ch08.tokens_per_pass", "1 + alpha + alpha^2 + ... + alpha^k; every guess kept gives k + 1", '''
         def tokens_per_pass(alpha, k):
-            """Expected tokens per target pass with k guesses, each accepted with probability alpha."""
+            """Expected tokens per target pass with k guesses,
+            each accepted with probability alpha."""
             ### BEGIN SOLUTION
             if alpha >= 1:
                 return float(k + 1)
@@ -102,7 +103,8 @@ def build():
             return tuple(c / trials for c in counts)
 
 
-        compare_plot(lambda token, draft_shift, draft_mix: emitted_frequencies(accept_step, draft_shift, draft_mix)[token],
+        compare_plot(lambda token, draft_shift, draft_mix:
+                         emitted_frequencies(accept_step, draft_shift, draft_mix)[token],
                      lambda token, draft_shift, draft_mix: TOY_P[token],
                      x=("token", list(range(len(TOY_P)))),
                      sliders={"draft_shift": (0, 5, 1, 2), "draft_mix": (0.0, 1.0, 0.1, 0.2)},
@@ -146,7 +148,8 @@ def build():
         """),
         exercise("ch08.best_k", "evaluate speedup for every k in 1..k_max, keep the best; 0 if it is not above 1", '''
         def best_k(alpha, draft_cost, verify_cost_per_token, k_max=16):
-            """The number of guesses per pass that decodes fastest, or 0 if speculation never pays."""
+            """The number of guesses per pass that decodes fastest,
+            or 0 if speculation never pays."""
             ### BEGIN SOLUTION
             best, best_speedup = 0, 1.0
             for k in range(1, k_max + 1):
@@ -164,7 +167,8 @@ def build():
         from memwall.grading.checks.ch08 import reference_best_k
 
         compare_plot(best_k, reference_best_k, x=("alpha", [i / 20 for i in range(20)]),
-                     sliders={"draft_cost": (0.0, 1.0, 0.01, 0.05), "verify_cost_per_token": (0.0, 1.0, 0.01, 0.02),
+                     sliders={"draft_cost": (0.0, 1.0, 0.01, 0.05),
+                              "verify_cost_per_token": (0.0, 1.0, 0.01, 0.02),
                               "k_max": 16},
                      xlabel="acceptance rate alpha", ylabel="best k (0 = do not speculate)")
         """),

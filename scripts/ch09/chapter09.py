@@ -25,7 +25,8 @@ def cells():
         hf_model, tokenizer = models.load("smollm2-135m")
         model = Transformer.from_hf(hf_model)
         machine = hardware.measure()
-        print(f"{machine.device}: {machine.threads} threads, measured bandwidth {machine.bandwidth / 1e9:.1f} GB/s, "
+        print(f"{machine.device}: {machine.threads} threads, "
+              f"measured bandwidth {machine.bandwidth / 1e9:.1f} GB/s, "
               f"fp32 matmul {machine.flops['fp32'] / 1e9:.0f} GFLOP/s")
         """),
         md("""
@@ -41,12 +42,14 @@ def cells():
         """),
         code("""
         def time_decode_steps(model, n_steps, context=64):
-            \"\"\"Wall time of each of n_steps decode steps after a prefill of `context` tokens, in seconds.\"\"\"
+            \"\"\"Wall time of each of n_steps decode steps after a prefill of `context` tokens,
+            in seconds.\"\"\"
             cache = model.new_cache(max_tokens=context + n_steps + 1)
             if context:
                 token = prefill(model, torch.randint(0, 1000, (1, context)), cache).argmax(-1)
             else:
-                token = torch.randint(0, 1000, (1,))  # no prefill: the first step is the model's first call
+                # no prefill: the first step is the model's first call
+                token = torch.randint(0, 1000, (1,))
             times = []
             for _ in range(n_steps):
                 start = time.perf_counter()
@@ -84,7 +87,8 @@ def cells():
         fig, ax = plt.subplots(figsize=(6, 2.8))
         ax.hist(steps, bins=20, color="tab:blue")
         for value, label in ((p50, "median"), (steps.mean(), "mean")):
-            ax.axvline(value, color="k", ls="--" if label == "mean" else "-", label=f"{label} {value:.1f} ms")
+            ax.axvline(value, color="k", ls="--" if label == "mean" else "-",
+                       label=f"{label} {value:.1f} ms")
         ax.set_xlabel("decode step time (ms)"); ax.set_ylabel("steps"); ax.legend()
         ax.set_title("One model, one machine, 40 identical steps")
         plt.show()
@@ -140,13 +144,16 @@ def cells():
         fig, ax = plt.subplots(figsize=(6, 3))
         ax.semilogx([s / 2**20 for s in sizes], [r / 1e9 for r in rates], "o-")
         if llc:
-            ax.axvline(llc / 2**20, color="tab:red", ls="--", label=f"last-level cache per core group: {llc / 2**20:.0f} MiB (per cpu0)")
+            ax.axvline(llc / 2**20, color="tab:red", ls="--",
+                       label=f"last-level cache per core group: {llc / 2**20:.0f} MiB (per cpu0)")
             ax.legend()
         ax.set_xlabel("working set (MiB)"); ax.set_ylabel("read rate (GB/s)")
         ax.set_title("Reading a tensor once: cache versus DRAM")
         plt.show()
-        print(f"SmolLM2-135M's weights in fp32: {model.weight_bytes_per_step() / 2**20:.0f} MiB per step"
-              + (f", {model.weight_bytes_per_step() / llc:.0f}x the last-level cache: a DRAM measurement." if llc else "."))
+        print("SmolLM2-135M's weights in fp32: "
+              f"{model.weight_bytes_per_step() / 2**20:.0f} MiB per step"
+              + (f", {model.weight_bytes_per_step() / llc:.0f}x the last-level cache: "
+                 "a DRAM measurement." if llc else "."))
         """),
         md("""
         When the model is smaller than the cache, say so next to every number, or make it larger (longer
@@ -168,7 +175,8 @@ def cells():
           TPOT for throughput by batching; report both, with the batch size and context.
         """),
         code("""
-        prompt = tokenizer("Explain in two sentences why decoding is limited by memory bandwidth.").input_ids
+        prompt = tokenizer("Explain in two sentences why decoding "
+                           "is limited by memory bandwidth.").input_ids
         run = generate(model, prompt, 32)
         tpot = statistics.median(run.step_times_s)
         print(f"prompt {len(prompt)} tokens, {len(run.tokens)} generated")

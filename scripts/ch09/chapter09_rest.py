@@ -24,13 +24,17 @@ def serving_cells():
 
         server = start_server(model, tokenizer, "smollm2-135m")
         url = f"http://127.0.0.1:{server.server_port}"
-        load_results = {c: run_load(url, concurrency=c, requests=4, max_tokens=8, duration_s=120) for c in (1, 2)}
+        load_results = {c: run_load(url, concurrency=c, requests=4, max_tokens=8, duration_s=120)
+                        for c in (1, 2)}
         server.shutdown()
-        print(f"{'concurrency':>11} {'ok':>4} {'TTFT median':>12} {'TTFT p90':>9} {'TPOT median':>12} {'tok/s':>6}")
+        print(f"{'concurrency':>11} {'ok':>4} {'TTFT median':>12} "
+              f"{'TTFT p90':>9} {'TPOT median':>12} {'tok/s':>6}")
         for c, r in load_results.items():
-            print(f"{c:>11} {r['succeeded']:>4} {r['ttft']['median_ms']:>9.0f} ms {r['ttft']['p90_ms']:>6.0f} ms "
+            print(f"{c:>11} {r['succeeded']:>4} {r['ttft']['median_ms']:>9.0f} "
+                  f"ms {r['ttft']['p90_ms']:>6.0f} ms "
                   f"{r['tpot']['median_ms']:>9.1f} ms {r['throughput_tok_per_s']:>6.1f}")
-        print(f"TTFT median rose {load_results[2]['ttft']['median_ms'] / load_results[1]['ttft']['median_ms']:.1f}x "
+        print("TTFT median rose "
+              f"{load_results[2]['ttft']['median_ms'] / load_results[1]['ttft']['median_ms']:.1f}x "
               "when two clients shared the unbatched server")
         """),
     ]
@@ -61,7 +65,8 @@ def open_question_cells():
             gaps.append((time.perf_counter() - start) * 1e3)
         quiet = statistics.median(gaps[:6] + gaps[7:])
         print(f"token gaps (ms): {' '.join(f'{g:.0f}' for g in gaps)}")
-        print(f"a 512-token prefill turned one {quiet:.0f} ms gap into {gaps[6]:.0f} ms ({gaps[6] / quiet:.0f}x)")
+        print(f"a 512-token prefill turned one {quiet:.0f} ms "
+              f"gap into {gaps[6]:.0f} ms ({gaps[6] / quiet:.0f}x)")
         """),
         md("""
         Schedulers answer this by splitting prefills into chunks that ride along with decode steps
@@ -89,8 +94,10 @@ def open_question_cells():
             touched = cost.expected_experts_touched(mixtral, batch)
             weights = cost.weight_bytes(mixtral, "bf16", tokens=batch)
             step_s = weights / h100.memory_bandwidth
-            print(f"batch {batch:>2}: {touched:.2f} of {mixtral.n_experts} experts read per layer on average, "
-                  f"{weights / 1e9:5.1f} GB of bf16 weights per step, >= {step_s * 1e3:4.1f} ms on an H100 SXM")
+            print(f"batch {batch:>2}: "
+                  f"{touched:.2f} of {mixtral.n_experts} experts read per layer on average, "
+                  f"{weights / 1e9:5.1f} GB of bf16 weights per step, "
+                  f">= {step_s * 1e3:4.1f} ms on an H100 SXM")
         """),
         md("""
         ### Very low-bit formats
@@ -103,7 +110,8 @@ def open_question_cells():
         code("""
         llama = specs.get_spec("llama-3-8b")
         laptop = hardware.get_hardware("laptop-100gbs")
-        for label, bits in (("bf16", 16), ("int8", 8), ("int4", 4), ("2-bit", 2), ("ternary", 1.58)):
+        for label, bits in (("bf16", 16), ("int8", 8), ("int4", 4), ("2-bit", 2),
+                            ("ternary", 1.58)):
             weights = cost.weight_bytes_for_params(llama.n_params, "bf16") * bits / 16
             print(f"{label:>8}: {weights / 1e9:5.2f} GB per step -> at most "
                   f"{cost.bandwidth_bound_tokens_per_s(weights, laptop):6.1f} tok/s at 100 GB/s")

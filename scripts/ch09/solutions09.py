@@ -34,7 +34,8 @@ def build():
 
         compare_plot(fraction_of_roofline, reference_fraction_of_roofline,
                      x=("tok_per_s", [1, 2, 5, 10, 20, 30, 40, 50]),
-                     sliders={"bytes_per_step": (1e8, 2e9, 1e8, 5.4e8), "bandwidth_gb_s": (5, 100, 5, 20),
+                     sliders={"bytes_per_step": (1e8, 2e9, 1e8, 5.4e8),
+                              "bandwidth_gb_s": (5, 100, 5, 20),
                               "tokens_per_step": [1, 2, 4, 8]},
                      xlabel="measured tokens/s", ylabel="fraction of the roofline")
         '''),
@@ -62,7 +63,8 @@ def build():
         import random
         from memwall.grading.checks.ch09 import reference_percentile
 
-        noisy_steps = [random.Random(9).lognormvariate(3.5, 0.3) for _ in range(40)]  # like chapter 9's histogram
+        # like chapter 9's histogram
+        noisy_steps = [random.Random(9).lognormvariate(3.5, 0.3) for _ in range(40)]
         compare_plot(lambda q, spread: percentile([t * spread for t in noisy_steps], q),
                      lambda q, spread: reference_percentile([t * spread for t in noisy_steps], q),
                      x=("q", list(range(0, 101, 5))), sliders={"spread": (0.5, 2.0, 0.25, 1.0)},
@@ -82,7 +84,8 @@ def build():
         """),
         exercise("ch09.moe_weight_bytes", "experts read = n_experts * (1 - (1 - active/n_experts)**batch)", '''
         def moe_weight_bytes(batch, n_experts, active_experts, expert_bytes, shared_bytes):
-            """Expected weight bytes per step of a mixture-of-experts model at a given batch size."""
+            """Expected weight bytes per step of a mixture-of-experts model
+            at a given batch size."""
             ### BEGIN SOLUTION
             touched = n_experts * (1 - (1 - active_experts / n_experts) ** batch)
             return shared_bytes + touched * expert_bytes
