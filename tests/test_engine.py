@@ -124,10 +124,18 @@ def test_top_p_keeps_smallest_nucleus():
         Sampling(top_p=0)
 
 
-def test_linear_layouts_agree():
-    from memwall.engine.linear import Linear
+def test_linear_row_split_matches_f_linear():
+    from memwall.engine.linear import MAX_SPLIT_ROWS, Linear
 
-    weight, x = torch.randn(48, 32), torch.randn(3, 5, 32)
-    split, plain = Linear(32, 48, splits=4).set_weight(weight), Linear(32, 48, splits=1).set_weight(weight)
-    assert torch.allclose(split(x), plain(x), atol=1e-5)
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    split = Linear(32, 48, bias=True, splits=4).set_weight(weight, bias)
+    plain = Linear(32, 48, bias=True, splits=1).set_weight(weight, bias)
+    assert split.splits == 4 and plain.splits == 1
+    for shape in [(1, 1, 32), (3, 5, 32), (MAX_SPLIT_ROWS + 1, 32)]:  # decode, small batch, prefill
+        x = torch.randn(shape)
+        expected = torch.nn.functional.linear(x, weight, bias)
+        assert split(x).shape == expected.shape
+        assert torch.allclose(split(x), expected, atol=1e-5)
+        assert torch.allclose(plain(x), expected, atol=1e-5)
     assert torch.equal(split.weight, weight)
+    assert Linear(32, 45, splits=4).splits == 1  # outputs that do not divide: no split

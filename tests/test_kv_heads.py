@@ -99,8 +99,8 @@ def test_conversion_leaves_the_original_alone_and_shares_other_weights(tiny_engi
     assert tiny_engine.n_kv_heads == 2 and tiny_engine.blocks[0].attn.n_kv_heads == 2
     assert torch.equal(tiny_engine.blocks[0].attn.qkv.weight, before)
     assert mqa.blocks[0].attn.qkv.weight.shape == (4 * 16 + 2 * 16, 64)
-    assert mqa.blocks[0].mlp.down.stored is tiny_engine.blocks[0].mlp.down.stored
-    assert mqa.lm_head.stored is tiny_engine.lm_head.stored
+    assert mqa.blocks[0].mlp.down.weight is tiny_engine.blocks[0].mlp.down.weight
+    assert mqa.lm_head.weight is tiny_engine.lm_head.weight
 
 
 def test_convert_to_the_same_count_is_a_no_op(tiny_engine):

@@ -101,7 +101,7 @@ def test_int8_layer_bytes_are_one_per_weight_plus_a_scale_per_row():
 
 def test_quantize_swaps_every_linear_and_can_copy(tiny_engine):
     copy = quantize(tiny_engine, "int4", group_size=32, inplace=False)
-    assert isinstance(tiny_engine.lm_head, Linear) and tiny_engine.lm_head.stored.numel() == 64 * 256  # untouched
+    assert isinstance(tiny_engine.lm_head, Linear) and tiny_engine.lm_head.weight.numel() == 64 * 256  # untouched
     assert not any(isinstance(m, Linear) for m in copy.modules())
     assert isinstance(copy.lm_head, Int4Linear) and isinstance(copy.blocks[0].mlp.down, Int4Linear)
     kept = quantize(tiny_engine, "int8", inplace=False, head="float")

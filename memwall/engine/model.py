@@ -26,8 +26,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(
             Block(d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, qkv_bias) for _ in range(n_layers))
         self.norm = RMSNorm(d_model, eps)
-        # With tied embeddings the LM head keeps its own copy in the matvec-friendly layout: more RAM,
-        # but the same bytes read per step (the embedding lookup reads a single row).
+        # Even with tied embeddings the LM head keeps its own copy, so that it can be quantized on its
+        # own (chapter 7): more RAM, but the same bytes read per step (the lookup reads one row).
         self.lm_head = Linear(d_model, vocab_size)
         self.tied_embeddings = tied_embeddings
         self.rotary = Rotary(head_dim, max_positions, rope_theta)

@@ -47,7 +47,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     The scale is nudged up before rounding to bf16 so that the row's largest weight still fits in
     127 steps; the codes are then rounded against the stored scale.
     """
-    weight = weight.float().contiguous()  # the engine's split-K Linear hands out a transposed view
+    weight = weight.float().contiguous()
     scales = (weight.abs().amax(dim=1) / 127 * (1 + 2**-7)).clamp(min=1e-30).to(INT8_SCALE_DTYPE)
     codes = weight.div(scales.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return codes, scales
@@ -259,7 +259,7 @@ def quantize(model: nn.Module, scheme: str, group_size: int = 32, inplace: bool 
     target = model
     if not inplace:
         # Copy everything but the float weights about to be replaced (they would be thrown away).
-        skip = {id(module.stored): torch.empty(0) for module, _ in plan.values()}
+        skip = {id(module.weight): torch.empty(0) for module, _ in plan.values()}
         target = copy.deepcopy(model, memo=skip)
     for name, (old, chosen) in plan.items():
         bias = None if old.bias is None else old.bias.detach()

@@ -328,19 +328,18 @@ def measured_cells():
         and a thin M is often neither. Here is the biggest matrix of the model, the 576 × 49152 output head
         (113 MB in fp32, far beyond the caches), multiplied by M rows in four ways:
 
-        - the engine's split-K layout: one batched matmul over two slabs of the input dimension, one per core (chapter 3);
+        - the engine's row split: one batched matmul over slabs of the output rows, one per core
+          (chapter 3);
         - `F.linear` with the usual `[out, in]` weight;
-        - `x @ W`, with the weight stored `[in, out]` (the engine's slabs are exactly this, viewed whole);
+        - `x @ W`, with the weight stored `[in, out]` (a transposed copy);
         - MKL's pre-packed GEMM (`torch.ops.mkl._mkl_linear`), which reorders the weight once for a given M.
         """),
         code("""
         head = model.lm_head
         K, N = head.in_features, head.out_features
-        w_out_in = head.weight.contiguous()          # [N, K]: a copy in the usual layout
-        # [K, N]: the engine's slabs seen as one matrix, no copy
-        w_in_out = head.weight.t()
-        w_in_out = w_in_out.contiguous()              # a no-op when the engine split K (2+ threads)
-        variants = {"engine split-K (bmm)": lambda x: head(x),
+        w_out_in = head.weight                        # [N, K]: the engine's own weight
+        w_in_out = head.weight.t().contiguous()       # [K, N]: a transposed copy
+        variants = {"engine row split (bmm)": lambda x: head(x),
                     "F.linear, W [out, in]": lambda x: F.linear(x, w_out_in),
                     "x @ W, W [in, out]": lambda x: x @ w_in_out}
         has_mkl_packed = hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_linear")
@@ -367,7 +366,7 @@ def measured_cells():
                         lambda x: torch.ops.mkl._mkl_linear(x, packed, w_out_in, None, m), x)
                     del packed
         gemm = {name: t for name, t in gemm.items() if t}
-        del w_out_in
+        del w_in_out
 
         weight_bytes = K * N * 4
         rows = ["| rows M | " + " | ".join(gemm) + " |", "|---:|" + "---:|" * len(gemm)]

@@ -97,7 +97,7 @@ def speed_cells():
 
         bf16 halves the bytes. Compare its tokens/s with fp32 in the lines above. Where bf16 comes out
         slower than fp32, the kernel is the cause, not the bytes. On a CPU the engine's bf16 layers run the
-        split-K batched matmul (chapter 3), and on a CPU without fast bf16 support that path can be far
+        row-split batched matmul (chapter 3), and on a CPU without fast bf16 support that path can be far
         slower than its fp32 version. Chapter 3's bf16 `F.linear` is a different kernel, and there bf16 can
         win. Fewer bytes pay off only when the kernel's arithmetic keeps up with them.
         """),
@@ -121,7 +121,7 @@ def dequant_cost_cells():
                                     gate_ups(variants["int4-g32 + int8 head"]))
         int8_fp32_inputs = [(layer.codes, layer.scales.float()) for layer in int8_layers]
         paths = {  # name: (one function per layer, weight bytes per weight)
-            "fp32 (the engine's split-K bmm)": (gate_ups(fp32_model), 4),
+            "fp32 (the engine's row-split bmm)": (gate_ups(fp32_model), 4),
             "int8 kernel, bf16 activations": (int8_layers, 1),
             "int8 kernel, fp32 activations":
                 ([lambda x, w=w: torch.ops.aten._weight_int8pack_mm(x, *w)
@@ -158,7 +158,7 @@ def dequant_cost_cells():
                 print(f"{name:<38} {t1 * 1e6:>6.0f} us "
                       f"{weight_bytes / t1 / 1e9:>6.1f} GB/s {t_many * 1e3:>6.1f} ms")
 
-        fp32_1, fp32_many = timings["fp32 (the engine's split-K bmm)"]
+        fp32_1, fp32_many = timings["fp32 (the engine's row-split bmm)"]
         print("\\n1 row: dequantize-then-matmul takes "
               f"{timings['int8: dequantize all, then matmul'][0] / fp32_1:.1f}x (int8) and "
               f"{timings['int4-g32: dequantize all, then matmul'][0] / fp32_1:.1f}x "

@@ -126,10 +126,9 @@ def cells():
         Read the middle column. On hardware whose ridge point (chapter 2) is far above the few FLOPs per
         byte of a k+1-token pass, such as a GPU at batch 1, that pass should cost close to one step: the
         extra FLOPs hide behind the weight read. A CPU need not behave like that. The one-token step is a
-        matrix-vector product that the engine's split-K layout spreads over both cores (see
-        `memwall/engine/linear.py`). A pass of a few tokens turns it into a skinny matrix-matrix product,
-        and the library's fp32 kernel for that shape can stream the weights more slowly than the
-        matrix-vector kernel does. Where the middle column rises well above 1, verification is not free on
+        matrix-vector product that the engine spreads over both cores (see `memwall/engine/linear.py`).
+        A pass of a few tokens turns it into a skinny matrix-matrix product, and the library's fp32
+        kernel for that shape can stream the weights more slowly than the matrix-vector kernel does. Where the middle column rises well above 1, verification is not free on
         this machine. The last column, the time per token, is what speculation lives on: it falls as more
         tokens share one pass. Every speed-up estimate below uses the measured ratios, not 1. On a shared
         machine they move from run to run, so read them as rough.
