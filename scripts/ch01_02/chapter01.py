@@ -191,9 +191,10 @@ def cells():
         prefill work. Attention adds a little more per token as the prompt grows, because each new
         token attends to all the earlier ones; the "prefill ms/token" column of the table shows how
         much that adds at these lengths on this machine (at the shortest prompts the fixed cost of
-        the call raises that column too). The right panel shows why decode feels slow. A decode step costs about the
-        same whatever the prompt length, and it costs far more than one prompt token does in
-        prefill, even though both push one token through the same 30 layers.
+        the call raises that column too). The right panel shows why decode feels slow. A decode
+        step's time changes far less with the prompt length than TTFT does (compare the two
+        printed ratios), and it costs far more than one prompt token does in prefill, even though
+        both push one token through the same 30 layers.
 
         The difference is reuse. Prefill reads each weight once and uses it for every prompt token;
         decode reads each weight once *per token*. memwall's cost model (`memwall.cost`, the
@@ -283,7 +284,7 @@ def cells():
 
         - One request is one **prefill** (the whole prompt, one pass, big matmuls) followed by
           **decode** (one token per pass, every weight read each time).
-        - **TTFT** grows about linearly with the prompt; **TPOT** barely depends on it.
+        - **TTFT** grows about linearly with the prompt; **TPOT** changes far less than TTFT.
           End-to-end latency is TTFT + (n − 1)·TPOT.
         - Per token, decode costs many times what prefill costs on the same model and machine,
           because prefill reuses each weight read for every prompt token and decode does not.

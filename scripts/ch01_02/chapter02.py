@@ -83,8 +83,9 @@ def cells():
 
         `memwall.hardware.measure()` runs two short microbenchmarks: it streams a buffer much larger
         than the last-level cache (so the bytes really come from DRAM) and times a large square
-        matmul. Each is the fastest of a few repeats, since noise on a shared machine only slows a
-        run down and the roofline is a ceiling.
+        matmul. Each roof comes from one shape (one stream, one square matmul), timed a few times;
+        the fastest repeat counts, since noise on a shared machine only slows a run down and the
+        roofline is a ceiling.
         """),
         code("""
         started = time.perf_counter()
@@ -180,9 +181,9 @@ def cells():
                  if rate > min(peak, i * bandwidth)]
         if above:
             print(f"\\nabove 100% at M = {', '.join(map(str, above))}: "
-                  "the roofs are single measurements "
-                  "(one square matmul, one stream) taken earlier on a shared machine, "
-                  "so a sweep point can beat them")
+                  "each roof comes from one shape (one square matmul, one stream), "
+                  "fastest of a few repeats taken earlier on a shared machine, "
+                  "so a sweep point can beat it")
         """),
         code("""
         def rows_to_reach_ridge(k, n, bytes_per_element, ridge):
@@ -228,17 +229,18 @@ def cells():
         md("""
         Read the left panel from left to right. Below the ridge an ideal kernel climbs the slanted
         line: every call streams the same weight, so the time should barely change while the FLOPs
-        double with each extra power of two in $M$. Real libraries need not behave like that: the
-        "ms" column shows whether this one does. One that runs $M = 1$ through a matrix-vector
-        kernel and a few rows through a general matmul kernel tuned for other shapes can take
-        several times as long for $M$ = 2 to 32 as for $M = 1$, although it moves about the same
-        bytes. Past the ridge the points should flatten out
-        under the roof, where doubling the rows doubles the time. The "% of roofline" column in the
-        table says how close this machine's matmul library comes at each shape. The roof itself is
-        one measurement of one square matmul and one stream, so on a noisy machine a sweep point can
-        land above it (the table says so when that happens). The roof is a
-        ceiling, not a promise: a library tuned for big square matrices can sit well below it for
-        thin shapes, and on a shared machine other processes take their share of both roofs.
+        double with each extra power of two in $M$. Real libraries need not behave like that:
+        compare $M = 1$ with $M$ = 4 to 32 in the "ms" column. A library that runs $M = 1$ through
+        a matrix-vector kernel and a few rows through a general matmul kernel tuned for other
+        shapes can take several times as long for a few rows as for one, although it moves about
+        the same bytes. Past the ridge the points should flatten out under the roof, where doubling
+        the rows doubles the time. The "% of roofline" column says how close this machine's matmul
+        library comes at each shape. A library tuned for big square matrices can sit well below the
+        roof for thin shapes, and on a shared machine other processes take their share of both
+        roofs. Where points land above the roof (the table says so when that happens), the
+        measurement behind that part of the roof underestimated this machine: the single square
+        matmul in `measure()` for the flat part, the stream for the slanted part. The roof was
+        measured low, not beaten.
 
         The right panel puts the same shapes under the H100's roofline. Its ridge sits far to the
         right of this machine's, so on a GPU a matmul against a weight this size needs a few hundred

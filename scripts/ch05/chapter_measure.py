@@ -103,9 +103,12 @@ def conversion_cells():
         """),
         code("""
         prompt = tokenizer("The tide comes in twice a day")["input_ids"]
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")  # the end-of-turn token
         for name in ("GQA (3, as trained)", "MQA (1 KV head)"):
-            reply = generate(variants[name], prompt, max_new_tokens=16)  # greedy
-            print(f"{name:>20}: {tokenizer.decode(prompt + reply.tokens)!r}")
+            reply = generate(variants[name], prompt, max_new_tokens=16,  # greedy
+                             stop_tokens=(end,))
+            text = tokenizer.decode(prompt + reply.tokens, skip_special_tokens=True)
+            print(f"{name:>20}: {text!r}")
         """),
         md("""
         Pooling without any further training breaks this model: compare the two perplexities above. Each
@@ -194,14 +197,16 @@ def timing_cells():
         md("""
         Read the two ratio columns side by side. If a step were nothing but streaming bytes, the time ratio
         would equal the byte ratio. Where part of each step is fixed per-operation overhead, as chapter 3
-        found on a machine like this one, the time ratios sit closer to 1 than the byte ratios. The growth
+        found on a machine like this one, that fixed cost pulls the time ratios towards 1; compare each
+        pair in the printed lines to see how strongly it does so here. The growth
         with context is where the KV heads show: the more KV heads, the more each extra token of context
         costs, and the steeper the line.
 
         ## The reverse direction: what MHA would cost
 
         The expanded model above computes exactly what the original computes, and its cache is three times
-        larger. For a single user of this small model that is a few hundred MB. In serving it multiplies by
+        larger. For a single user of this small model at 8k tokens, the "Cache bytes" table above
+        prints its size in fp32 and the lines below print it in bf16; compare both with the weights. In serving it multiplies by
         the number of users:
         """),
         code("""

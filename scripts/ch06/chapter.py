@@ -22,10 +22,11 @@ def intro_cells():
 
         One decode step for one user reads every weight to produce one token. The same step can serve B users
         at once: stack their B current tokens into a matrix, and each weight matrix, read once, is multiplied
-        by B rows instead of one. While decode is memory-bound, those extra rows cost almost nothing. Total
-        throughput grows almost B-fold, and each user's time per token barely moves. It stops when the
-        arithmetic catches up with the bytes (the ridge point) or when the users' KV caches outweigh the
-        weights {cite}`pope2022efficiently`.
+        by B rows instead of one. While decode is memory-bound, those extra rows cost almost nothing on
+        hardware whose kernels stream the weights as fast for a few rows as for one: total throughput grows
+        almost B-fold, and each user's time per token barely moves. Whether this machine's kernels do, the
+        measured table below shows. The free ride stops when the arithmetic catches up with the bytes (the
+        ridge point) or when the users' KV caches outweigh the weights {cite}`pope2022efficiently`.
 
         In this chapter we:
         1. write the ledger of a batched step and find where the ridge point lies, for this CPU and for an H100;
@@ -172,8 +173,8 @@ def ledger_cells():
         the intensity is at most about B, and with 4-byte weights about B/2. The KV and activation bytes
         lower it further, so the first compute-bound B lies above the ridge point (2-byte weights) or above
         twice the ridge point (4-byte weights). For Llama 3 8B on an H100 that takes hundreds of sequences.
-        Where this machine's ridge point is much lower than the H100's, as on a CPU (the ratio is printed
-        above), far fewer sequences get it there: compare the two printed batch sizes. The dashed lines bend
+        The H100's ridge point is the printed multiple of this machine's. Where that multiple is large, as
+        on a CPU, far fewer sequences get there: compare the two printed batch sizes. The dashed lines bend
         over: at 2048 tokens each extra sequence adds KV bytes as fast as it adds FLOPs. The intensity then
         tends to $2N / (\text{context} \times \text{KV bytes per token})$ however large B gets, and for Llama 3
         8B at 2048 tokens that limit is below the H100's ridge. No batch size makes it compute-bound. The
@@ -310,10 +311,11 @@ def measured_cells():
         because every extra user now pays for their own FLOPs. The extra users are really free only as long as
         the measured throughput hugs the gray B× line and the measured step time stays flat.
 
-        The cost model is a ceiling, and the measurement can only land under it. The last column of the
+        The cost model is a ceiling, and the measurement should land under it. The last column of the
         table says how far under, for each B. Two kinds of cost pull it down, and they change with B in
-        opposite ways. The first is the per-step overhead chapter 3 measured: a SmolLM2 step is a few
-        hundred small operations, each with its Python and dispatch cost. That cost is paid once per step,
+        opposite ways. The first is the per-step overhead chapter 3 measured: a SmolLM2 step is well over
+        a thousand small operations (chapter 3 counted them), each with its Python and dispatch cost.
+        That cost is paid once per step,
         whatever B is, so batching amortises it, and on its own it would make the last column rise with B.
         The second is the matrix multiplies themselves. A kernel that is much slower with a few rows than with
         one makes the step time climb long before the ridge point, and the last column then falls as B grows.
@@ -501,8 +503,8 @@ def kv_cells():
         """),
         md("""
         At the longest context the KV cache is the larger share of the bytes, and the step time grows
-        with it. The last line converts that growth into a bandwidth. If it is close to the streaming
-        bandwidth, KV bytes cost what the ledger says they cost. If it is lower, the attention code reads
+        with it. The line that starts "extra KV bytes" converts that growth into a
+        bandwidth. If it is close to the streaming bandwidth, KV bytes cost what the ledger says they cost. If it is lower, the attention code reads
         its bytes less efficiently than a plain stream: memwall's engine does attention with two batched
         matmuls per layer and no fused kernel.
         """),

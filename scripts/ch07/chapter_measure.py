@@ -17,8 +17,8 @@ def speed_cells():
         layers convert on the way in and on the way out.
 
         The output head has the largest int4 error in the table above, and the file itself keeps it at
-        8 bits. So the int4 variants keep an **int8 head**, as the GGUF file does. One variant quantizes the head to int4 as well. All six are timed in one run, with their
-        repeats interleaved:
+        8 bits. So two int4 variants keep an **int8 head**, as the GGUF file keeps it at 8 bits; a third
+        quantizes the head to int4 too. All six are timed in one run, with their repeats interleaved:
         """),
         code("""
         variants = {
@@ -257,9 +257,12 @@ def quality_cells():
         - **int8** rounds every weight to within half of a step that is 1/127 of its row's range. Expect
           perplexity within noise of fp32 and most top-1 predictions kept. It is the safe choice nearly
           everywhere.
-        - **int4-g32 with an int8 head** reuses the file's own grid, as shown above. Here it should cost only
-          the rounding of its bf16 scales. A model trained in 16 bits would show a real loss, and that is
-          the gap GPTQ and AWQ close.
+        - **int4-g32 with an int8 head** reuses the file's own grid, as shown above, so its body weights
+          lose only the rounding of their bf16 scales. The output can still change: the head is rounded
+          to its own int8 per-row grid, not the file's Q8_0 blocks, and the kernels compute in bf16
+          activations. Its top-1 agreement shows how much those two change here. A model trained in
+          16 bits would show a real loss from the int4 body as well, and that is the gap GPTQ and AWQ
+          close.
         - **Larger groups** no longer line up with the file's blocks. At g = 64 or g = 192, the range of two
           or six blocks is squeezed into 16 levels. Compare their rows with g = 32.
         - **The output head** is where the last line above puts a price on a few megabytes. GGUF files keep

@@ -584,7 +584,9 @@ def cells():
           plus a bonus token if all pass) makes the output **exactly** the target's distribution. Greedy
           speculation is token for token the target's greedy output.
         - Tokens per pass are (1 − α^(k+1))/(1 − α) if acceptances are independent, capped at 1/(1 − α).
-          Measured runs come close, a little lower when proposals are short or acceptances come in bursts.
+          Measured runs come in lower, more so as k grows: proposals run short, the last pass is cut,
+          and acceptances come in runs rather than independently. Compare the "tokens/pass" and
+          "formula" columns above.
         - **Speed-up = tokens per pass ÷ (k × draft cost + verify cost).** It fails with a slow draft, a low
           α, or hardware where verifying k+1 tokens costs more than one step, as on this CPU. Measure the
           verify cost before believing a speed-up.

@@ -124,7 +124,8 @@ def open_question_cells():
         - On a GPU, synchronise before reading the clock.
         - Report TTFT, TPOT and throughput together, with batch size, context and concurrency.
         - For every technique, name the bytes it reduces (weights, KV cache, or tokens per weight read) and
-          compare its speed with the roofline for *those* bytes. You will land below the ceiling, never above.
+          compare its speed with the roofline for *those* bytes. Expect to land below the ceiling; a
+          result above it means the ceiling was measured low.
         - The open questions (mixing prefill with decode, experts, very low bits) are questions about the
           same three costs.
 
