@@ -484,7 +484,7 @@ def cells():
 
         Whether any row is a real speed-up on this machine depends on the verify cost measured at the top,
         and the "predicted" column shows how much of the measured result those costs explain. Timings on a
-        shared 2-core machine are noisy. Trust the tokens per pass, which are exact, more than the
+        shared machine are noisy. Trust the tokens per pass, which are exact, more than the
         second decimal of a speed-up.
         """),
         md(r"""
@@ -588,7 +588,8 @@ def cells():
           and acceptances come in runs rather than independently. Compare the "tokens/pass" and
           "formula" columns above.
         - **Speed-up = tokens per pass ÷ (k × draft cost + verify cost).** It fails with a slow draft, a low
-          α, or hardware where verifying k+1 tokens costs more than one step, as on this CPU. Measure the
+          α, or hardware where verifying k+1 tokens costs more than one step (the first table above says
+          whether this one does). Measure the
           verify cost before believing a speed-up.
         - Which of the three levers is it? Not weight bytes and not KV bytes per step. It raises **how many
           tokens each weight read produces**, and so cuts the number of steps.
