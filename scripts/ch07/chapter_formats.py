@@ -91,7 +91,7 @@ def cells():
         fp32_model = Transformer.from_hf(hf_model)
         del hf_model  # the engine has its own copy of the weights
         # [3072, 576]: gate rows, then up rows
-        W = fp32_model.blocks[0].mlp.gate_up.weight.contiguous()
+        W = fp32_model.blocks[0].mlp.gate_up.weight
 
         def int8_per_channel(w):
             scale = w.abs().amax(dim=1, keepdim=True) / 127
@@ -166,7 +166,7 @@ def cells():
         output head:
         """),
         code("""
-        head = fp32_model.lm_head.weight.contiguous()  # [49152, 576], tied to the token embedding
+        head = fp32_model.lm_head.weight  # [49152, 576], tied to the token embedding
         print(f"{'group size':>10} {'bits/weight':>11} {'layer-0 gate/up':>16} {'output head':>12}")
         for g in (32, 64, 192, 576):
             errors = []

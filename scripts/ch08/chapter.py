@@ -565,7 +565,7 @@ def cells():
         from memwall.engine.drafts import ModelDraft
 
         target = Transformer.from_hf(models.load("smollm2-1.7b")[0])
-        draft = ModelDraft(Transformer.from_hf(models.load("smollm2-135m")[0]))
+        draft = ModelDraft(model)  # the SmolLM2-135M engine loaded at the top
         out = speculative_generate(target, draft, prompt, 128, k=4)
         print(out.acceptance_rate, out.mean_tokens_per_pass)
         ```
