@@ -12,12 +12,15 @@ point and each weight is turned back into a float ("dequantized") inside the mat
   al. 2022, Lin et al. 2023, but choose the codes more cleverly than the round-to-nearest used here).
   Half a byte per weight plus 4 bytes per group: exactly `memwall.cost`'s "int4-g<group_size>".
 
-On CPU the matmul runs in PyTorch's packed kernels (`aten._weight_int8pack_mm`,
-`aten._weight_int4pack_mm_for_cpu`), which dequantize on the fly. `reference_forward` is the plain
-path (dequantize the whole matrix, then `F.linear`): it is used where a kernel does not exist, and
-tests check the kernels against it. Both CPU kernels take bf16 activations (the int8 one has a
-fast path only for bf16, about 15x faster than its fp32 path on an AVX2 CPU), so the layers
-round the activations to bf16 on the way in and back to the caller's dtype on the way out.
+Three paths compute the matmul, all dequantizing on the fly except the last:
+- for a few fp32 activation rows on an AVX2 CPU (decode), memwall's own C kernels
+  (`cpu_kernels.c`), which stream the packed weights at close to the machine's read bandwidth;
+- otherwise on CPU, PyTorch's packed kernels (`aten._weight_int8pack_mm`,
+  `aten._weight_int4pack_mm_for_cpu`). They take bf16 activations (the int8 one has a fast path
+  only for bf16), so the layers round the activations to bf16 on the way in and back on the way
+  out. On the course CPU they are compute-bound: no faster than fp32 for int8 (chapter 7);
+- `reference_forward`: dequantize the whole matrix, then `F.linear`. Used where no kernel applies
+  (GPU, many rows with memwall's int4 layout), and the tests check both kernels against it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memwall.engine import cpu_kernels
 from memwall.engine.linear import Linear
 
 SCHEMES = ("int8", "int4")
@@ -158,10 +162,13 @@ class Int8Linear(nn.Module):
         return dequantize_int8(self.codes, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _int8_kernel_ok(x):
+        rows = x.reshape(-1, self.in_features)
+        if cpu_kernels.usable(rows, self.in_features):
+            y = cpu_kernels.int8_linear(rows, self.codes, self.scales)
+        elif _int8_kernel_ok(x):
+            y = torch.ops.aten._weight_int8pack_mm(rows.to(KERNEL_ACTIVATION_DTYPE), self.codes, self.scales)
+        else:
             return self.reference_forward(x)
-        rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -181,7 +188,10 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = codes.shape
         _check_group_size(group_size, self.in_features)
         self.group_size = group_size
-        block = cpu_int4_block() if codes.device.type == "cpu" else None
+        on_cpu = codes.device.type == "cpu"
+        # memwall's C kernel reads the plain layout; PyTorch's kernel needs its own.
+        self.c_kernel = on_cpu and group_size % 32 == 0 and cpu_kernels.available()
+        block = cpu_int4_block() if on_cpu and not self.c_kernel else None
         self.kernel_layout = (block is not None and group_size in INT4_KERNEL_GROUP_SIZES
                               and self.out_features % block == 0)
         if self.kernel_layout:
@@ -209,11 +219,15 @@ class Int4Linear(nn.Module):
         return dequantize_int4(self.codes(), self.scale_zero, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.kernel_layout and x.device.type == "cpu"):
+        rows = x.reshape(-1, self.in_features)
+        if self.c_kernel and cpu_kernels.usable(rows, self.in_features):
+            y = cpu_kernels.int4_linear(rows, self.packed, self.scale_zero, self.group_size)
+        elif self.kernel_layout and x.device.type == "cpu":
+            # The kernel wants activations in the scales' dtype (bf16); it accumulates in fp32.
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(KERNEL_ACTIVATION_DTYPE), self.packed,
+                                                            self.group_size, self.scale_zero)
+        else:
             return self.reference_forward(x)
-        # The kernel wants activations in the scales' dtype (bf16); it accumulates in fp32.
-        rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scale_zero)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -221,7 +235,7 @@ class Int4Linear(nn.Module):
         return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
-        where = "CPU kernel layout" if self.kernel_layout else "plain layout"
+        where = "PyTorch CPU kernel layout" if self.kernel_layout else "plain layout"
         return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}, {where}"
 
 

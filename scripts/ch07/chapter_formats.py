@@ -27,9 +27,10 @@ def cells():
         import numpy as np
         import torch
         from memwall import cost, gguf_q4, models, quality
-        from memwall.engine import Transformer, decode_step, generate
+        from memwall.engine import Transformer, cpu_kernels, decode_step, generate
         from memwall.engine.kv_quant import KVCacheInt8
-        from memwall.engine.quant import dequantize_int8, pack_int4, quantize, quantize_int8
+        from memwall.engine.quant import (Int4Linear, dequantize_int8, pack_int4, quantize,
+                                          quantize_int8)
         from memwall.hardware import measure
 
         torch.manual_seed(0);  # the semicolon hides the returned Generator

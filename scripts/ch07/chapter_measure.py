@@ -11,10 +11,14 @@ def speed_cells():
         `memwall.engine.quant.quantize(model, "int8" | "int4", group_size=...)` swaps every linear layer
         of the engine for a packed one. An int4 layer keeps its codes packed two to a byte, plus a bf16 scale
         and offset per group. The byte count comes from the real tensors, and it matches `memwall.cost`.
-        On CPU the packed layers call PyTorch's own kernels, `aten._weight_int8pack_mm` and
-        `aten._weight_int4pack_mm_for_cpu`. These read the small codes and dequantize them in registers,
-        with no full-size float copy of the weights in memory. Both kernels take bf16 activations, so the
-        layers convert on the way in and on the way out.
+        When a few activation rows come in, as in decode, the packed layers multiply with memwall's own CPU
+        kernels (`memwall/engine/cpu_kernels.c`, a hundred lines of C with AVX2 instructions, compiled on
+        first use). Each thread takes a slab of output rows, loads the int8 codes (or two int4 codes per
+        byte), turns them into floats in registers and multiplies them with the fp32 activations: no
+        full-size float copy of the weights is ever written. For many rows, or where the kernels cannot be
+        built (no AVX2, no C compiler), the layers use PyTorch's packed kernels,
+        `aten._weight_int8pack_mm` and `aten._weight_int4pack_mm_for_cpu`, which take bf16 activations.
+        The next section times both kinds on the same bytes.
 
         The output head has the largest int4 error in the table above, and the file itself keeps it at
         8 bits. So two int4 variants keep an **int8 head**, as the GGUF file keeps it at 8 bits; a third
@@ -31,6 +35,8 @@ def speed_cells():
                                              inplace=False),
             "int4-g32, int4 head": quantize(fp32_model, "int4", group_size=32, inplace=False),
         }
+        print("memwall's CPU kernels:", "in use" if cpu_kernels.available()
+              else f"not available ({cpu_kernels.unavailable_reason()}), PyTorch's kernels instead")
         prompt = quality.eval_token_ids(tokenizer, 32)
         NEW_TOKENS, REPEATS = 12, 3
         for model in variants.values():
@@ -110,8 +116,9 @@ def dequant_cost_cells():
         ## Where dequantizing costs more than the bytes save
 
         The speed-up above depends on the kernel. Here are the 30 gate/up projections (1.77 M weights
-        each), multiplied in several ways. Each way takes one row (a decode step) or 128 rows (a prefill
-        chunk, or a batch):
+        each), multiplied in several ways: memwall's C kernels, PyTorch's packed kernels, and the reference
+        path that dequantizes the whole matrix first. Each way takes one row (a decode step) or 128 rows (a
+        prefill chunk, or a batch):
         """),
         code("""
         def gate_ups(model):
@@ -119,16 +126,29 @@ def dequant_cost_cells():
 
         int8_layers, int4_layers = (gate_ups(variants["int8"]),
                                     gate_ups(variants["int4-g32 + int8 head"]))
-        int8_fp32_inputs = [(layer.codes, layer.scales.float()) for layer in int8_layers]
-        paths = {  # name: (one function per layer, weight bytes per weight)
-            "fp32 (the engine's row-split bmm)": (gate_ups(fp32_model), 4),
-            "int8 kernel, bf16 activations": (int8_layers, 1),
-            "int8 kernel, fp32 activations":
-                ([lambda x, w=w: torch.ops.aten._weight_int8pack_mm(x, *w)
-                                               for w in int8_fp32_inputs], 1),
+        with cpu_kernels.switched_off():  # the same int4 codes, in PyTorch's kernel layout
+            int4_pytorch = [Int4Linear(layer.codes(), layer.scale_zero, 32) for layer in int4_layers]
+        paths = {"fp32 (the engine's row-split bmm)": (gate_ups(fp32_model), 4)}
+        # name: (one function per layer, weight bytes per weight)
+        if cpu_kernels.available():
+            paths["int8, memwall's C kernel"] = (
+                [lambda x, l=l: cpu_kernels.int8_linear(x, l.codes, l.scales) for l in int8_layers], 1)
+        paths |= {
+            "int8, PyTorch kernel, bf16 activations":
+                ([lambda x, l=l: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), l.codes, l.scales)
+                  for l in int8_layers], 1),
+            "int8, PyTorch kernel, fp32 activations":
+                ([lambda x, l=l: torch.ops.aten._weight_int8pack_mm(x, l.codes, l.scales.float())
+                  for l in int8_layers], 1),
             "int8: dequantize all, then matmul":
                 ([layer.reference_forward for layer in int8_layers], 1),
-            "int4-g32 kernel": (int4_layers, 0.625),
+        }
+        if cpu_kernels.available():
+            paths["int4-g32, memwall's C kernel"] = (
+                [lambda x, l=l: cpu_kernels.int4_linear(x, l.packed, l.scale_zero, 32)
+                 for l in int4_layers], 0.625)
+        paths |= {
+            "int4-g32, PyTorch kernel": (int4_pytorch, 0.625),
             "int4-g32: dequantize all, then matmul":
                 ([layer.reference_forward for layer in int4_layers], 0.625),
         }
@@ -148,42 +168,58 @@ def dequant_cost_cells():
 
         one_row, many_rows = torch.randn(1, 576), torch.randn(128, 576)
         timings = {}
-        print(f"{'path':<38} {'1 row':>9} {'read rate':>10} {'128 rows':>9}")
+        print(f"{'path':<40} {'1 row':>9} {'read rate':>10} {'128 rows':>9}")
         with torch.inference_mode():
             for name, (functions, bytes_per_weight) in paths.items():
                 t1, t_many = median_seconds(functions, one_row, 5), median_seconds(functions[:1],
                                                                                    many_rows, 3)
                 weight_bytes = W.numel() * bytes_per_weight
                 timings[name] = (t1, t_many)
-                print(f"{name:<38} {t1 * 1e6:>6.0f} us "
+                print(f"{name:<40} {t1 * 1e6:>6.0f} us "
                       f"{weight_bytes / t1 / 1e9:>6.1f} GB/s {t_many * 1e3:>6.1f} ms")
 
         fp32_1, fp32_many = timings["fp32 (the engine's row-split bmm)"]
-        print("\\n1 row: dequantize-then-matmul takes "
+        pytorch_int8 = timings["int8, PyTorch kernel, bf16 activations"]
+        print()
+        if cpu_kernels.available():
+            c_int8 = timings["int8, memwall's C kernel"][0]
+            c_int4 = timings["int4-g32, memwall's C kernel"][0]
+            print(f"1 row: memwall's int8 kernel is {fp32_1 / c_int8:.1f}x and its int4 kernel "
+                  f"{fp32_1 / c_int4:.1f}x as fast as fp32; PyTorch's int8 kernel "
+                  f"{fp32_1 / pytorch_int8[0]:.1f}x")
+        print("1 row: dequantize-then-matmul takes "
               f"{timings['int8: dequantize all, then matmul'][0] / fp32_1:.1f}x (int8) and "
               f"{timings['int4-g32: dequantize all, then matmul'][0] / fp32_1:.1f}x "
               "(int4) the fp32 time")
-        fp32_over_bf16 = (timings['int8 kernel, fp32 activations'][0]
-                          / timings['int8 kernel, bf16 activations'][0])
-        print(f"1 row: the int8 kernel with fp32 activations takes "
+        fp32_over_bf16 = timings['int8, PyTorch kernel, fp32 activations'][0] / pytorch_int8[0]
+        print(f"1 row: PyTorch's int8 kernel with fp32 activations takes "
               f"{fp32_over_bf16:.0f}x its bf16 time")
-        print("128 rows: "
-              f"int8 kernel {timings['int8 kernel, bf16 activations'][1] / fp32_many:.2f}x, "
-              f"int4 kernel {timings['int4-g32 kernel'][1] / fp32_many:.2f}x the fp32 time")
+        print("128 rows, against fp32: " + ", ".join(
+            f"{name} {timings[name][1] / fp32_many:.1f}x" for name in timings if "kernel" in name))
         """),
         md(r"""
-        Three lessons. The ratios printed above show how large each one is on this machine:
+        Four lessons. The ratios printed above show how large each one is on this machine:
 
         - **Dequantizing all, then multiplying, throws the saving away.** The reference path writes a
           full-size fp32 copy of the matrix and reads it back, so it moves *more* bytes than fp32 does, and
           it also does the conversion work. Small bytes help only if the kernel reads them directly, with the
           dequantization *fused* into the matmul.
-        - **The same int8 bytes can be fast or very slow.** With fp32 activations, PyTorch's int8 kernel
-          takes a path without SIMD, and converting each weight then costs far more than reading it. The
-          format is the same; the kernel path decides the speed.
+        - **The same int8 bytes can be fast or slow: the kernel decides.** Compare the read rates. To keep
+          up with memory, a kernel has a few instructions per weight at most. memwall's int8 kernel spends
+          three per 8 weights: one widening load, one integer-to-float conversion, one fused multiply-add,
+          with four independent sums so that the additions do not wait on each other. PyTorch's kernel
+          does more work per weight on this CPU (its bf16 activations must be converted too), and with
+          fp32 activations it takes a path without SIMD, where converting each weight costs far more than
+          reading it.
+        - **Half the bytes is not half the time.** An int4 code must be masked and shifted out of its byte
+          before it is converted, so the int4 kernel does more arithmetic per weight than the int8 one.
+          Compare the two C kernels' times: where int4 is not twice as fast, the unpacking, not memory,
+          sets its speed.
         - **With many rows, the weights are reused.** The work becomes compute-bound (chapter 2), and bytes
-          no longer decide the time, so a packed kernel gains little over fp32 or loses to it. Weight-only
-          quantization helps the memory-bound regime: decode at small batch.
+          no longer decide the time. A matrix-vector kernel such as memwall's converts every weight again for
+          every row, so at 128 rows it falls far behind fp32's matrix-matrix kernel; that is why the layers
+          hand more than a few rows to PyTorch. Weight-only quantization helps the memory-bound regime:
+          decode at small batch.
         """),
     ]
 
@@ -196,8 +232,8 @@ def quality_cells():
         Two measures, both from `memwall.quality` on the first tokens of the project's evaluation text. The
         first is **perplexity**, $\exp$ of the mean negative log-likelihood of each next token. The second is
         **top-1 agreement**, the fraction of positions where a format predicts the same next token as the
-        fp32 model. Two variants appear here for quality only. **int4-g192** has no packed CPU kernel, so
-        it runs the reference path. **int8 KV cache** keeps fp32 weights but passes every key and value
+        fp32 model. Two variants appear here for quality only. **int4-g192** is a group size that
+        PyTorch's int4 kernel does not take (memwall's takes any multiple of 32). **int8 KV cache** keeps fp32 weights but passes every key and value
         through `memwall.engine.kv_quant.KVCacheInt8` (one scale per token and head). bf16 is left out, to
         keep the chapter's run time down: on this CPU its matmuls are the slowest of all.
         """),
@@ -259,8 +295,8 @@ def quality_cells():
           everywhere.
         - **int4-g32 with an int8 head** reuses the file's own grid, as shown above, so its body weights
           lose only the rounding of their bf16 scales. The output can still change: the head is rounded
-          to its own int8 per-row grid, not the file's Q8_0 blocks, and the kernels compute in bf16
-          activations. Its top-1 agreement shows how much those two change here. A model trained in
+          to its own int8 per-row grid, not the file's Q8_0 blocks, and when many tokens go through at once
+          its kernel (PyTorch's) rounds the activations to bf16. Its top-1 agreement shows how much those two change here. A model trained in
           16 bits would show a real loss from the int4 body as well, and that is the gap GPTQ and AWQ
           close.
         - **Larger groups** no longer line up with the file's blocks. At g = 64 or g = 192, the range of two
@@ -373,9 +409,10 @@ def kv_cells():
           the same factor; the measured speed-up is smaller, because the per-step overhead does not shrink,
           and because the packed kernels can read their bytes below the streaming bandwidth (the section on
           dequantizing prints each kernel's read rate).
-        - Bytes turn into speed only when the kernel reads the packed bytes and dequantizes in registers.
-          A "dequantize, then matmul" path moves more bytes than fp32, and a kernel without a SIMD path can
-          be compute-bound on a few bytes.
+        - Bytes turn into speed only when the kernel reads the packed bytes and dequantizes in registers,
+          with few enough instructions per weight to keep up with memory. A "dequantize, then matmul" path
+          moves more bytes than fp32, and a kernel that does too much work per weight is compute-bound on
+          a few bytes.
         - In int4, the group size trades bits for accuracy ($4 + 32/g$ bits per weight). The output head is
           the most sensitive layer. GPTQ and AWQ choose better codes for the same bytes.
         - GGUF Q4_1 is 32 four-bit codes plus an fp16 scale and an fp16 minimum per block, $x = d\,q + m$.

@@ -1,0 +1,118 @@
+/* Weight-only int8 and int4 matrix-vector products for x86 CPUs with AVX2 and FMA.
+ *
+ * y[r, o] = sum_i W[o, i] * x[r, i] for a few activation rows r (decode: one row per sequence),
+ * with W stored packed and turned back into floats in registers, never in memory. Each thread
+ * takes a slab of output rows and streams its share of the packed weights once; the activations
+ * stay in fp32 and in cache. Built and loaded by cpu_kernels.py; quant.py falls back to PyTorch's
+ * kernels where this cannot be built.
+ *
+ * Scales are bf16: the top 16 bits of an fp32, so a shift turns one back into a float.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_float(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 int8 codes -> 8 floats. */
+static inline __m256 int8x8_to_float(const int8_t *codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
+}
+
+/* The low 8 bytes of a register -> 8 floats. */
+static inline __m256 uint8x8_to_float(__m128i bytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+/* W: codes [out, in] int8 and one bf16 scale per output row; `in` a multiple of 32.
+ * Four accumulators, so that consecutive FMAs do not wait on each other's results. */
+void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                 long rows, long in, long out, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++) {
+        const int8_t *w = codes + o * in;
+        float scale = bf16_to_float(scales[o]);
+        for (long r = 0; r < rows; r++) {
+            const float *xr = x + r * in;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (long i = 0; i < in; i += 32) {
+                a0 = _mm256_fmadd_ps(int8x8_to_float(w + i), _mm256_loadu_ps(xr + i), a0);
+                a1 = _mm256_fmadd_ps(int8x8_to_float(w + i + 8), _mm256_loadu_ps(xr + i + 8), a1);
+                a2 = _mm256_fmadd_ps(int8x8_to_float(w + i + 16), _mm256_loadu_ps(xr + i + 16), a2);
+                a3 = _mm256_fmadd_ps(int8x8_to_float(w + i + 24), _mm256_loadu_ps(xr + i + 24), a3);
+            }
+            y[r * out + o] = scale * sum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        }
+    }
+}
+
+/* W ~ (q - 8) * s + z per group of `group` inputs (a multiple of 32), q in 0..15.
+ * packed [out, in / 2]: byte j holds code 2j in its low nibble and code 2j + 1 in its high one
+ * (quant.pack_int4). scale_zero [in / group, out, 2] bf16.
+ * With q_dot = sum q x over a group, the group adds s * q_dot + (z - 8 s) * sum x: the -8 and z
+ * are applied once per group, not per weight. Returns 0, or -1 if out of memory. */
+int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
+                long rows, long in, long out, long group, int threads) {
+    long groups = in / group;
+    /* x regrouped: per 32 inputs, the 16 even-indexed values then the 16 odd-indexed ones, the
+     * order in which the kernel meets them in the low and then the high nibbles of 16 bytes. */
+    float *x_split = malloc(sizeof(float) * rows * in);
+    float *x_sums = malloc(sizeof(float) * rows * groups);
+    if (x_split == NULL || x_sums == NULL) {
+        free(x_split);
+        free(x_sums);
+        return -1;
+    }
+    for (long i = 0; i < rows * in; i++)
+        x_split[i - i % 32 + (i % 2) * 16 + (i % 32) / 2] = x[i];
+    for (long r = 0; r < rows * groups; r++) {
+        x_sums[r] = 0.0f;
+        for (long i = 0; i < group; i++) x_sums[r] += x[r * group + i];
+    }
+    const __m128i low_nibble = _mm_set1_epi8(15);
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++) {
+        const uint8_t *w = packed + o * (in / 2);
+        for (long r = 0; r < rows; r++) {
+            const float *xr = x_split + r * in;
+            __m256 total = _mm256_setzero_ps();
+            float offsets = 0.0f;
+            for (long g = 0; g < groups; g++) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (long i = g * group; i < (g + 1) * group; i += 32) {
+                    __m128i bytes = _mm_loadu_si128((const __m128i *)(w + i / 2));
+                    __m128i even = _mm_and_si128(bytes, low_nibble);
+                    __m128i odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
+                    a0 = _mm256_fmadd_ps(uint8x8_to_float(even), _mm256_loadu_ps(xr + i), a0);
+                    a1 = _mm256_fmadd_ps(uint8x8_to_float(_mm_unpackhi_epi64(even, even)),
+                                         _mm256_loadu_ps(xr + i + 8), a1);
+                    a2 = _mm256_fmadd_ps(uint8x8_to_float(odd), _mm256_loadu_ps(xr + i + 16), a2);
+                    a3 = _mm256_fmadd_ps(uint8x8_to_float(_mm_unpackhi_epi64(odd, odd)),
+                                         _mm256_loadu_ps(xr + i + 24), a3);
+                }
+                const uint16_t *sz = scale_zero + (g * out + o) * 2;
+                float scale = bf16_to_float(sz[0]), zero = bf16_to_float(sz[1]);
+                __m256 q_dot = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+                total = _mm256_fmadd_ps(_mm256_set1_ps(scale), q_dot, total);
+                offsets += (zero - 8 * scale) * x_sums[r * groups + g];
+            }
+            y[r * out + o] = sum8(total) + offsets;
+        }
+    }
+    free(x_split);
+    free(x_sums);
+    return 0;
+}

@@ -1,0 +1,133 @@
+"""Build and call the hand-written int8/int4 matrix-vector kernels in cpu_kernels.c.
+
+Why they exist: PyTorch's CPU kernels for weight-only int8 and int4 are compute-bound on an AVX2
+CPU (they read int8 weights at ~5 GB/s on the course machine, fp32 ones stream at ~17 GB/s), so
+they do not turn fewer bytes into faster decode. The C kernels turn the packed weights into
+floats in registers and stream them at close to the machine's read bandwidth (chapter 7).
+
+The library is compiled with the system C compiler on first use (well under a second) and cached
+under memwall's cache folder, keyed by a hash of the source. It is linked against OpenMP: the
+loader resolves that to the libgomp that PyTorch has already loaded, so both share one thread
+pool. `library()` returns None, with the reason in `unavailable_reason()`, where the CPU lacks
+AVX2/FMA, no compiler is found, or the build fails; the quantized layers then use PyTorch's
+kernels. Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block of code
+(chapter 7 times both kernels side by side that way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+MAX_ROWS = 8  # beyond a few activation rows (prefill) the GEMM kernels are the better tool
+_reason: list[str] = []
+_switched_off = [False]
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot be used here, or None if they can."""
+    return None if library() is not None else _reason[-1]
+
+
+def available() -> bool:
+    return not _switched_off[0] and library() is not None
+
+
+@contextlib.contextmanager
+def switched_off():
+    """Inside this block the quantized layers use PyTorch's kernels (layers built inside it keep
+    PyTorch's int4 layout afterwards)."""
+    before, _switched_off[0] = _switched_off[0], True
+    try:
+        yield
+    finally:
+        _switched_off[0] = before
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot be used (see the module docstring)."""
+    try:
+        return _load()
+    except (OSError, subprocess.SubprocessError, _Unavailable) as error:
+        _reason.append(str(error))
+        return None
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _load() -> ctypes.CDLL:
+    if os.environ.get("MEMWALL_CPU_KERNELS", "1") == "0":
+        raise _Unavailable("turned off by MEMWALL_CPU_KERNELS=0")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise _Unavailable(f"the CPU has no AVX2 ({torch.backends.cpu.get_cpu_capability()})")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise _Unavailable("no C compiler (cc or gcc) found")
+    from memwall.models import cache_dir
+
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Build beside the target and rename: processes that build at the same time do not collide.
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            build = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial],
+                                   capture_output=True, text=True, timeout=120)
+            if build.returncode:
+                raise _Unavailable(f"building {SOURCE.name} failed: {build.stderr.strip()[:500]}")
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    lib = ctypes.CDLL(str(target))
+    pointer, long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.int8_linear.argtypes = [pointer] * 4 + [long] * 3 + [c_int]
+    lib.int4_linear.argtypes = [pointer] * 4 + [long] * 4 + [c_int]
+    lib.int8_linear.restype, lib.int4_linear.restype = None, c_int
+    return lib
+
+
+def usable(x: torch.Tensor, in_features: int) -> bool:
+    """Whether the C kernels can take this call: fp32 rows on the CPU, few of them."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and in_features % 32 == 0
+            and x.numel() <= MAX_ROWS * in_features and available())
+
+
+def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [rows, out]."""
+    x = x.contiguous()
+    rows, in_features = x.shape
+    out = torch.empty(rows, codes.shape[0])
+    library().int8_linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(),
+                          rows, in_features, codes.shape[0], torch.get_num_threads())
+    return out
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
+                group_size: int) -> torch.Tensor:
+    """x [rows, in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2]."""
+    x = x.contiguous()
+    rows, in_features = x.shape
+    out = torch.empty(rows, packed.shape[0])
+    status = library().int4_linear(x.data_ptr(), packed.data_ptr(), scale_zero.data_ptr(), out.data_ptr(),
+                                   rows, in_features, packed.shape[0], group_size, torch.get_num_threads())
+    if status:
+        raise MemoryError("int4_linear could not allocate its scratch buffers")
+    return out
