@@ -1,5 +1,6 @@
 """memwall's engine against the transformers reference: logits, greedy tokens, cache, sampling."""
 
+import contextlib
 import inspect
 
 import pytest
@@ -124,18 +125,43 @@ def test_top_p_keeps_smallest_nucleus():
         Sampling(top_p=0)
 
 
-def test_linear_row_split_matches_f_linear():
+@pytest.mark.parametrize("c_kernel", [False, True], ids=["bmm row split", "memwall C kernel"])
+def test_linear_matches_f_linear(c_kernel):
+    from memwall.engine import cpu_kernels
     from memwall.engine.linear import MAX_SPLIT_ROWS, Linear
 
+    if c_kernel and not cpu_kernels.available():
+        pytest.skip(f"memwall's CPU kernels: {cpu_kernels.unavailable_reason()}")
     weight, bias = torch.randn(48, 32), torch.randn(48)
     split = Linear(32, 48, bias=True, splits=4).set_weight(weight, bias)
     plain = Linear(32, 48, bias=True, splits=1).set_weight(weight, bias)
     assert split.splits == 4 and plain.splits == 1
-    for shape in [(1, 1, 32), (3, 5, 32), (MAX_SPLIT_ROWS + 1, 32)]:  # decode, small batch, prefill
-        x = torch.randn(shape)
-        expected = torch.nn.functional.linear(x, weight, bias)
-        assert split(x).shape == expected.shape
-        assert torch.allclose(split(x), expected, atol=1e-5)
-        assert torch.allclose(plain(x), expected, atol=1e-5)
+    with contextlib.nullcontext() if c_kernel else cpu_kernels.switched_off():
+        for shape in [(1, 1, 32), (3, 5, 32), (MAX_SPLIT_ROWS + 1, 32)]:  # decode, small batch, prefill
+            x = torch.randn(shape)
+            expected = torch.nn.functional.linear(x, weight, bias)
+            assert split(x).shape == expected.shape
+            assert torch.allclose(split(x), expected, atol=1e-5)
+            assert torch.allclose(plain(x), expected, atol=1e-5)
     assert torch.equal(split.weight, weight)
     assert Linear(32, 45, splits=4).splits == 1  # outputs that do not divide: no split
+
+
+def test_c_kernel_gives_each_row_the_same_bits_alone_or_batched():
+    """Batched decode must not change a sequence's output: each row's sums are computed the same
+    way whatever the other rows and the thread count."""
+    from memwall.engine import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip(f"memwall's CPU kernels: {cpu_kernels.unavailable_reason()}")
+    weight = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
+    rows = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
+    batched = cpu_kernels.fp32_linear(rows, weight)
+    assert torch.allclose(batched, rows @ weight.t(), atol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for i in range(len(rows)):
+            assert torch.equal(cpu_kernels.fp32_linear(rows[i:i + 1], weight)[0], batched[i])
+    finally:
+        torch.set_num_threads(threads)

@@ -1,10 +1,10 @@
-/* Weight-only int8 and int4 matrix-vector products for x86 CPUs with AVX2 and FMA.
+/* Matrix products for decode on x86 CPUs with AVX2 and FMA: fp32, int8 and int4 weights.
  *
- * y[r, o] = sum_i W[o, i] * x[r, i] for a few activation rows r (decode: one row per sequence),
- * with W stored packed and turned back into floats in registers, never in memory. Each thread
- * takes a slab of output rows and streams its share of the packed weights once; the activations
- * stay in fp32 and in cache. Built and loaded by cpu_kernels.py; quant.py falls back to PyTorch's
- * kernels where this cannot be built.
+ * y[r, o] = sum_i W[o, i] * x[r, i] for a few activation rows r (decode: one row per sequence).
+ * Each thread takes a slab of output rows and streams its share of the weights once; the
+ * activations stay in fp32 and in cache. Packed weights are turned back into floats in
+ * registers, never in memory. Built and loaded by cpu_kernels.py; linear.py and quant.py fall
+ * back to PyTorch where this cannot be built.
  *
  * Scales are bf16: the top 16 bits of an fp32, so a shift turns one back into a float.
  */
@@ -35,6 +35,38 @@ static inline __m256 int8x8_to_float(const int8_t *codes) {
 /* The low 8 bytes of a register -> 8 floats. */
 static inline __m256 uint8x8_to_float(__m128i bytes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+/* A tile of 4 output rows x `nr` (1 to 3) activation rows: 12 sums stay in registers, so each
+ * weight loaded serves every activation row of the tile and each activation load 4 weight rows. */
+static inline __attribute__((always_inline)) void fp32_tile(const float *x, const float *w, float *y,
+                                                            long in, long out, const int nr) {
+    __m256 acc[4][3];
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 3; j++) acc[k][j] = _mm256_setzero_ps();
+    for (long i = 0; i < in; i += 8) {
+        __m256 xv[3];
+        for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * in + i);
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = _mm256_loadu_ps(w + k * in + i);
+            for (int j = 0; j < nr; j++) acc[k][j] = _mm256_fmadd_ps(wv, xv[j], acc[k][j]);
+        }
+    }
+    for (int j = 0; j < nr; j++)
+        for (int k = 0; k < 4; k++) y[j * out + k] = sum8(acc[k][j]);
+}
+
+/* W fp32 [out, in]; `out` a multiple of 4 and `in` of 8. A row's result does not depend on the
+ * other rows or on the thread count: batched decode gives each sequence the same bits as alone. */
+void fp32_linear(const float *x, const float *w, float *y, long rows, long in, long out,
+                 int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o += 4) {
+        long r = 0;
+        for (; r + 3 <= rows; r += 3) fp32_tile(x + r * in, w + o * in, y + r * out + o, in, out, 3);
+        if (rows - r == 2) fp32_tile(x + r * in, w + o * in, y + r * out + o, in, out, 2);
+        if (rows - r == 1) fp32_tile(x + r * in, w + o * in, y + r * out + o, in, out, 1);
+    }
 }
 
 /* W: codes [out, in] int8 and one bf16 scale per output row; `in` a multiple of 32.

@@ -1,9 +1,11 @@
-"""Build and call the hand-written int8/int4 matrix-vector kernels in cpu_kernels.c.
+"""Build and call the hand-written decode kernels in cpu_kernels.c (fp32, int8 and int4 weights).
 
-Why they exist: PyTorch's CPU kernels for weight-only int8 and int4 are compute-bound on an AVX2
-CPU (they read int8 weights at ~5 GB/s on the course machine, fp32 ones stream at ~17 GB/s), so
-they do not turn fewer bytes into faster decode. The C kernels turn the packed weights into
-floats in registers and stream them at close to the machine's read bandwidth (chapter 7).
+Why they exist: on the course's AMD CPU, PyTorch's kernels handle decode's shapes (a few
+activation rows against a large matrix) poorly. Its weight-only int8 and int4 kernels are
+compute-bound (~5 GB/s of int8 weights), so fewer bytes do not make decode faster, and MKL's fp32
+GEMM reaches about half the CPU's FLOP/s with 2 to 128 rows, which caps batched decode. The C
+kernels turn packed weights into floats in registers and stream them at close to the machine's
+read bandwidth (chapter 7), and keep a 4 x 3 tile of sums in registers for batches (chapter 6).
 
 The library is compiled with the system C compiler on first use (well under a second) and cached
 under memwall's cache folder, keyed by a hash of the source. It is linked against OpenMP: the
@@ -30,7 +32,8 @@ import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
-MAX_ROWS = 8  # beyond a few activation rows (prefill) the GEMM kernels are the better tool
+MAX_ROWS = 8  # int8/int4: beyond a few rows, converting every weight again per row costs too much
+MAX_FP32_ROWS = 256  # fp32: ahead of F.linear up to 128 rows on the course CPU (SmolLM2's shapes)
 _reason: list[str] = []
 _switched_off = [False]
 
@@ -98,9 +101,11 @@ def _load() -> ctypes.CDLL:
                 os.unlink(partial)
     lib = ctypes.CDLL(str(target))
     pointer, long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.fp32_linear.argtypes = [pointer] * 3 + [long] * 3 + [c_int]
     lib.int8_linear.argtypes = [pointer] * 4 + [long] * 3 + [c_int]
     lib.int4_linear.argtypes = [pointer] * 4 + [long] * 4 + [c_int]
-    lib.int8_linear.restype, lib.int4_linear.restype = None, c_int
+    lib.fp32_linear.restype = lib.int8_linear.restype = None
+    lib.int4_linear.restype = c_int
     return lib
 
 
@@ -108,6 +113,23 @@ def usable(x: torch.Tensor, in_features: int) -> bool:
     """Whether the C kernels can take this call: fp32 rows on the CPU, few of them."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and in_features % 32 == 0
             and x.numel() <= MAX_ROWS * in_features and available())
+
+
+def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fp32_linear` can take x [rows, in] against this weight [out, in]."""
+    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
+            and not (x.requires_grad or weight.requires_grad) and weight.shape[0] % 4 == 0 and weight.shape[1] % 8 == 0
+            and x.numel() <= MAX_FP32_ROWS * weight.shape[1] and available())
+
+
+def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] @ weight [out, in]^T -> [rows, out], all fp32."""
+    x = x.contiguous()
+    rows, in_features = x.shape
+    out = torch.empty(rows, weight.shape[0])
+    library().fp32_linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, in_features,
+                          weight.shape[0], torch.get_num_threads())
+    return out
 
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -3,11 +3,16 @@
 Decode multiplies a few activation rows by each weight matrix, so it streams the weights at
 whatever rate the hardware can read them. On this course's 2-core AMD CPU, MKL's fp32 kernels
 handle that shape poorly: `F.linear` on one row runs on a single core (about a third of the
-machine's read bandwidth, see chapter 3), and with 2 to 64 rows it is slower still (chapter 6).
-The fix is to cut W into one slab of output rows per core and multiply every slab by the same
-activations in one batched matmul, `bmm(W_slabs, x^T)`: each core streams its own share of the
-weights, and the slabs' outputs are simply stacked. W keeps the usual [out, in] layout (the slabs
-are a view). For many rows (prefill) `F.linear` is faster and is used; on a GPU it always is.
+machine's read bandwidth, see chapter 3), and with 2 to 128 rows it reaches about half of the
+CPU's FLOP/s (chapter 6). Two fixes, both splitting W into one slab of output rows per core:
+
+- memwall's own kernel (`cpu_kernels.c`, where it builds): each core streams its slab once and
+  keeps a tile of 4 output rows x 3 activation rows of sums in registers;
+- otherwise, one batched matmul over the slabs, `bmm(W_slabs, x^T)`: each core streams its own
+  share of the weights, and the slabs' outputs are simply stacked.
+
+W keeps the usual [out, in] layout (the slabs are a view). For many rows (prefill) `F.linear` is
+used, and on a GPU it always is.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from memwall.engine import cpu_kernels
 
 # Above this many activation rows F.linear beat the row split on the course CPU (SmolLM2-135M's
 # shapes: the split was ahead up to 128 rows and behind at 512).
@@ -52,6 +59,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        if cpu_kernels.fp32_usable(rows, self.weight):
+            y = cpu_kernels.fp32_linear(rows, self.weight)
+            if self.bias is not None:
+                y = y + self.bias
+            return y.view(*x.shape[:-1], self.out_features)
         if self.splits == 1 or rows.shape[0] > MAX_SPLIT_ROWS:
             return F.linear(x, self.weight, self.bias)
         slabs = self.weight.view(self.splits, self.out_features // self.splits, self.in_features)

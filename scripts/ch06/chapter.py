@@ -48,7 +48,7 @@ def intro_cells():
 
         from memwall import cost, models
         from memwall.bench.batch import predicted, time_decode_steps
-        from memwall.engine import Transformer, generate
+        from memwall.engine import Transformer, cpu_kernels, generate
         from memwall.engine.batch import generate_batch, prefill_positions_and_mask
         from memwall.engine.block_manager import BlockManager
         from memwall.engine.scheduler import Request, Scheduler
@@ -328,10 +328,13 @@ def measured_cells():
         The FLOPs of a batched step are matrix products with B rows, so "M" (the row count) is small,
         from 2 to 32. BLAS libraries are tuned for square matrices and for M = 1 (the matrix-vector product),
         and a thin M is often neither. Here is the biggest matrix of the model, the 576 × 49152 output head
-        (113 MB in fp32, far beyond the caches), multiplied by M rows in four ways:
+        (113 MB in fp32, far beyond the caches), multiplied by M rows in up to five ways:
 
-        - the engine's row split: one batched matmul over slabs of the output rows, one per core
-          (chapter 3);
+        - memwall's own kernel (`memwall/engine/cpu_kernels.c`), which the engine's `Linear` uses on a CPU
+          where it builds: each core takes a slab of output rows and keeps a tile of 4 output rows × 3
+          input rows of sums in registers, so every weight it loads serves 3 rows;
+        - the row split the engine falls back to without it: one batched matmul over slabs of the
+          output rows, one per core (chapter 3);
         - `F.linear` with the usual `[out, in]` weight;
         - `x @ W`, with the weight stored `[in, out]` (a transposed copy);
         - MKL's pre-packed GEMM (`torch.ops.mkl._mkl_linear`), which reorders the weight once for a given M.
@@ -341,9 +344,14 @@ def measured_cells():
         K, N = head.in_features, head.out_features
         w_out_in = head.weight                        # [N, K]: the engine's own weight
         w_in_out = head.weight.t().contiguous()       # [K, N]: a transposed copy
-        variants = {"engine row split (bmm)": lambda x: head(x),
+        slabs = w_out_in.view(head.splits, N // head.splits, K)
+        variants = {"row split (bmm)":
+                    lambda x: torch.bmm(slabs, x.t().expand(head.splits, -1, -1)),
                     "F.linear, W [out, in]": lambda x: F.linear(x, w_out_in),
                     "x @ W, W [in, out]": lambda x: x @ w_in_out}
+        if cpu_kernels.fp32_usable(torch.zeros(1, K), w_out_in):
+            variants = {"memwall C kernel": lambda x: cpu_kernels.fp32_linear(x, w_out_in),
+                        **variants}
         has_mkl_packed = hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_linear")
 
         def median_seconds(fn, x, repeats=5):
