@@ -243,3 +243,15 @@ def test_bench_decode_quant_option(tiny_hf):
     assert int4["weight_bytes"] < fp32["weight_bytes"] / 4
     with pytest.raises(ValueError, match="memwall"):
         bench_decode(tiny_hf, "hf", quant="int8", **kwargs)
+    both = bench_decode(tiny_hf, "memwall", quant="none,int8,int4", group_size=32, **kwargs)
+    assert list(both["tok_per_s_over_first"]) == ["memwall", "memwall-int8", "memwall-int4-g32"]
+    assert both["tok_per_s_over_first"]["memwall"] == 1.0
+    assert both["memwall-int8"]["weight_bytes"] < both["memwall"]["weight_bytes"] / 3
+    assert both["memwall-int4-g32"]["weight_bytes"] == int4["weight_bytes"]
+    assert both["memwall-int8"]["tok_per_s"] / both["memwall"]["tok_per_s"] == pytest.approx(
+        both["tok_per_s_over_first"]["memwall-int8"])
+    for bad in ("int3", "int8,int8", ""):
+        with pytest.raises(ValueError, match="none, int8, int4"):
+            bench_decode(tiny_hf, "memwall", quant=bad, **kwargs)
+    with pytest.raises(ValueError, match="side by side"):
+        bench_decode(tiny_hf, "compare", quant="none,int8", **kwargs)

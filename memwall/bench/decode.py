@@ -37,15 +37,22 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
         ratio memwall tok/s / hf tok/s).
     bandwidth: bytes/s for the roofline; default: `memwall.hardware.measure(device)`.
     quant: "int8" or "int4" (with `group_size`) quantizes memwall's engine weight-only
-        (`memwall.engine.quant.quantize`, chapter 7); transformers stays in `dtype`.
+        (`memwall.engine.quant.quantize`, chapter 7); transformers stays in `dtype`. A list such as
+        ["none", "int8", "int4"] times each format side by side, interleaved, in one process (engine
+        "memwall" only): one sub-dict per format ("memwall", "memwall-int8", "memwall-int4-g32")
+        and `tok_per_s_over_first`, each format's tokens/s over the first one's.
     """
     if engine not in (*ENGINES, "compare"):
         raise ValueError(f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}.")
     harness.check_count("prompt_tokens", prompt_tokens, 1)
     harness.check_count("new_tokens", new_tokens, 2)  # one decode step at least, after the first token
     engines = ENGINES if engine == "compare" else (engine,)
-    if quant is not None and "memwall" not in engines:
+    quants = _parse_quants(quant)
+    if quants != [None] and "memwall" not in engines:
         raise ValueError("quant applies to memwall's engine; use engine='memwall' or 'compare'.")
+    side_by_side = len(quants) > 1
+    if side_by_side and engine != "memwall":
+        raise ValueError("several quant formats are timed side by side with engine='memwall' only.")
 
     if isinstance(model, str):
         device = harness.resolve_device(device)
@@ -65,15 +72,16 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
     runs, weight_bytes, kv_per_token = {}, {}, {}
     if "memwall" in engines:
         from memwall.engine import Transformer
+        from memwall.engine.quant import quantize
 
-        engine_model = Transformer.from_hf(hf_model)
-        if quant is not None:
-            from memwall.engine.quant import quantize
-
-            quantize(engine_model, quant, group_size=group_size)
-        runs["memwall"] = lambda: time_memwall(engine_model, prompt, new_tokens)
-        weight_bytes["memwall"] = engine_model.weight_bytes_per_step()
-        kv_per_token["memwall"] = engine_model.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
+        base = Transformer.from_hf(hf_model)
+        for q in quants:
+            label = "memwall" if q is None or not side_by_side else f"memwall-{_quant_dtype(q, group_size)}"
+            # One format: quantize in place, so a large model is never held twice.
+            variant = base if q is None else quantize(base, q, group_size=group_size, inplace=not side_by_side)
+            runs[label] = lambda m=variant: time_memwall(m, prompt, new_tokens)
+            weight_bytes[label] = variant.weight_bytes_per_step()
+            kv_per_token[label] = variant.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
         if "hf" not in engines and isinstance(model, str):
             hf_model = None  # we loaded it: free it, so an 8B model is never held twice
     if "hf" in engines:
@@ -88,8 +96,19 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
     samples = harness.run_interleaved(runs, repeats, warmup, f"decode {name}", progress)
 
     shared = {"model": name, **harness.environment(device), "dtype": dtype, "prompt_tokens": prompt_tokens,
-              "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup,
-              "cost_model_weight_bytes": _cost_model_weight_bytes(config, _quant_dtype(quant, group_size) or dtype)}
+              "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup}
+    if side_by_side:
+        per_variant = {}
+        for label, q in zip(runs, quants):
+            per_variant[label] = summarize(label, samples[label], weight_bytes[label], kv_per_token[label],
+                                           prompt_tokens, new_tokens, bandwidth)
+            per_variant[label]["cost_model_weight_bytes"] = _cost_model_weight_bytes(
+                config, _quant_dtype(q, group_size) or dtype)
+        first = per_variant[next(iter(per_variant))]["tok_per_s"]
+        return {"engine": "memwall", **shared, **per_variant,
+                "tok_per_s_over_first": {label: v["tok_per_s"] / first for label, v in per_variant.items()}}
+    quant = quants[0]
+    shared["cost_model_weight_bytes"] = _cost_model_weight_bytes(config, _quant_dtype(quant, group_size) or dtype)
     if quant is not None:
         shared["quant"] = _quant_dtype(quant, group_size)
     per_engine = {e: summarize(e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens,
@@ -114,6 +133,19 @@ def summarize(engine: str, samples: list[dict], weight_bytes: int, kv_bytes_per_
             "mean_context": mean_context, "kv_bytes": kv_bytes, "bytes_per_step": bytes_per_step,
             **harness.roofline_fields(tok_per_s, bytes_per_step, bandwidth),
             "ms_per_token_repeats": [s["tpot_s"] * 1e3 for s in samples]}
+
+
+def _parse_quants(quant) -> list[str | None]:
+    """None, "int8", "none,int8" or ["none", "int4"] -> formats, None meaning unquantized."""
+    if quant is None:
+        return [None]
+    parts = [part.strip() for part in quant.split(",")] if isinstance(quant, str) else list(quant)
+    quants = [None if part in (None, "none") else part for part in parts]
+    bad = [part for part in quants if part not in (None, "int8", "int4")]
+    if not quants or bad or len(set(quants)) < len(quants):
+        raise ValueError(f"quant must be int8, int4, or a list of distinct formats among none, int8, int4 "
+                         f"(e.g. none,int8,int4); got {quant!r}")
+    return quants
 
 
 def _quant_dtype(quant: str | None, group_size: int) -> str | None:
@@ -187,8 +219,9 @@ def add_cli(bench_subparsers) -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine; medians reported (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
-    parser.add_argument("--quant", choices=("int8", "int4"),
-                        help="quantize memwall's engine weight-only (int8 per channel, int4 per group)")
+    parser.add_argument("--quant",
+                        help="quantize memwall's engine weight-only: int8 (per channel) or int4 (per group); "
+                             "a list such as none,int8,int4 times the formats side by side, interleaved")
     parser.add_argument("--group-size", type=int, default=32, help="int4 group size (default 32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
@@ -198,6 +231,10 @@ def run_cli(args) -> int:
     result = bench_decode(args.model, "compare" if args.compare else args.engine, device=args.device,
                           dtype=args.dtype, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                           repeats=args.repeats, warmup=args.warmup, quant=args.quant, group_size=args.group_size)
-    harness.print_result(result, args.json, columns=list(ENGINES) if args.compare else None)
+    columns = list(ENGINES) if args.compare else [key for key in result if key.startswith("memwall")] or None
+    harness.print_result(result, args.json, columns=columns)
+    if "tok_per_s_over_first" in result and not args.json:
+        print("tok/s over the first format: " + ", ".join(
+            f"{label} {ratio:.2f}x" for label, ratio in result["tok_per_s_over_first"].items()))
     harness.warn_if_busy(result)
     return 0
