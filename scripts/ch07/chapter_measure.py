@@ -38,7 +38,7 @@ def speed_cells():
         print("memwall's CPU kernels:", "in use" if cpu_kernels.available()
               else f"not available ({cpu_kernels.unavailable_reason()}), PyTorch's kernels instead")
         prompt = quality.eval_token_ids(tokenizer, 32)
-        NEW_TOKENS, REPEATS = 12, 3
+        NEW_TOKENS, REPEATS = 16, 5
         for model in variants.values():
             generate(model, prompt, 2)  # warm-up
         step_times = {name: [] for name in variants}
@@ -128,7 +128,7 @@ def dequant_cost_cells():
                                     gate_ups(variants["int4-g32 + int8 head"]))
         with cpu_kernels.switched_off():  # the same int4 codes, in PyTorch's kernel layout
             int4_pytorch = [Int4Linear(layer.codes(), layer.scale_zero, 32) for layer in int4_layers]
-        paths = {"fp32 (the engine's row-split bmm)": (gate_ups(fp32_model), 4)}
+        paths = {"fp32 (the engine's Linear)": (gate_ups(fp32_model), 4)}
         # name: (one function per layer, weight bytes per weight)
         if cpu_kernels.available():
             paths["int8, memwall's C kernel"] = (
@@ -178,7 +178,7 @@ def dequant_cost_cells():
                 print(f"{name:<40} {t1 * 1e6:>6.0f} us "
                       f"{weight_bytes / t1 / 1e9:>6.1f} GB/s {t_many * 1e3:>6.1f} ms")
 
-        fp32_1, fp32_many = timings["fp32 (the engine's row-split bmm)"]
+        fp32_1, fp32_many = timings["fp32 (the engine's Linear)"]
         pytorch_int8 = timings["int8, PyTorch kernel, bf16 activations"]
         print()
         if cpu_kernels.available():

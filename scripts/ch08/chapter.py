@@ -127,9 +127,11 @@ def cells():
         byte of a k+1-token pass, such as a GPU at batch 1, that pass should cost close to one step: the
         extra FLOPs hide behind the weight read. A CPU need not behave like that. The one-token step is a
         matrix-vector product that the engine spreads over both cores (see `memwall/engine/linear.py`).
-        A pass of a few tokens turns it into a skinny matrix-matrix product, and the library's fp32
-        kernel for that shape can stream the weights more slowly than the matrix-vector kernel does. Where the middle column rises well above 1, verification is not free on
-        this machine. The last column, the time per token, is what speculation lives on: it falls as more
+        A pass of a few tokens turns it into a skinny matrix-matrix product: each weight now serves k+1
+        rows, and on a CPU whose ridge point is a few FLOPs per byte (chapter 6) the extra arithmetic
+        starts to show. The kernel matters as much: chapter 6 times the same shape with memwall's kernel,
+        a batched matmul and MKL's, and they differ by more than the bytes. Where the middle column rises
+        well above 1, verification is not free on this machine. The last column, the time per token, is what speculation lives on: it falls as more
         tokens share one pass. Every speed-up estimate below uses the measured ratios, not 1. On a shared
         machine they move from run to run, so read them as rough.
         """),
