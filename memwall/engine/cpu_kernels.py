@@ -110,46 +110,48 @@ def _load() -> ctypes.CDLL:
 
 
 def usable(x: torch.Tensor, in_features: int) -> bool:
-    """Whether the C kernels can take this call: fp32 rows on the CPU, few of them."""
+    """Whether the int8/int4 kernels can take x [..., in]: fp32 on the CPU, a few rows."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and in_features % 32 == 0
             and x.numel() <= MAX_ROWS * in_features and available())
 
 
 def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `fp32_linear` can take x [rows, in] against this weight [out, in]."""
+    """Whether `fp32_linear` can take x [..., in] against this weight [out, in]."""
     return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
-            and not (x.requires_grad or weight.requires_grad) and weight.shape[0] % 4 == 0 and weight.shape[1] % 8 == 0
-            and x.numel() <= MAX_FP32_ROWS * weight.shape[1] and available())
+            and not (x.requires_grad or weight.requires_grad) and weight.shape[0] % 4 == 0
+            and weight.shape[1] % 8 == 0 and x.numel() <= MAX_FP32_ROWS * weight.shape[1] and available())
+
+
+# The wrappers take x [..., in] and return [..., out] without reshaping: in decode each is called
+# ~120 times per step, and every avoided PyTorch call saves microseconds.
+
+def _rows_and_output(x: torch.Tensor, out_features: int):
+    x = x.contiguous()
+    return x, x.numel() // x.shape[-1], torch.empty(x.shape[:-1] + (out_features,))
 
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] @ weight [out, in]^T -> [rows, out], all fp32."""
-    x = x.contiguous()
-    rows, in_features = x.shape
-    out = torch.empty(rows, weight.shape[0])
-    library().fp32_linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, in_features,
+    """x [..., in] @ weight [out, in]^T -> [..., out], all fp32."""
+    x, rows, out = _rows_and_output(x, weight.shape[0])
+    library().fp32_linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, x.shape[-1],
                           weight.shape[0], torch.get_num_threads())
     return out
 
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [rows, out]."""
-    x = x.contiguous()
-    rows, in_features = x.shape
-    out = torch.empty(rows, codes.shape[0])
+    """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out]."""
+    x, rows, out = _rows_and_output(x, codes.shape[0])
     library().int8_linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(),
-                          rows, in_features, codes.shape[0], torch.get_num_threads())
+                          rows, x.shape[-1], codes.shape[0], torch.get_num_threads())
     return out
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
                 group_size: int) -> torch.Tensor:
-    """x [rows, in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2]."""
-    x = x.contiguous()
-    rows, in_features = x.shape
-    out = torch.empty(rows, packed.shape[0])
+    """x [..., in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2]."""
+    x, rows, out = _rows_and_output(x, packed.shape[0])
     status = library().int4_linear(x.data_ptr(), packed.data_ptr(), scale_zero.data_ptr(), out.data_ptr(),
-                                   rows, in_features, packed.shape[0], group_size, torch.get_num_threads())
+                                   rows, x.shape[-1], packed.shape[0], group_size, torch.get_num_threads())
     if status:
         raise MemoryError("int4_linear could not allocate its scratch buffers")
     return out

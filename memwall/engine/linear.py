@@ -58,12 +58,10 @@ class Linear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_kernels.fp32_usable(x, self.weight):
+            y = cpu_kernels.fp32_linear(x, self.weight)
+            return y if self.bias is None else y + self.bias
         rows = x.reshape(-1, self.in_features)
-        if cpu_kernels.fp32_usable(rows, self.weight):
-            y = cpu_kernels.fp32_linear(rows, self.weight)
-            if self.bias is not None:
-                y = y + self.bias
-            return y.view(*x.shape[:-1], self.out_features)
         if self.splits == 1 or rows.shape[0] > MAX_SPLIT_ROWS:
             return F.linear(x, self.weight, self.bias)
         slabs = self.weight.view(self.splits, self.out_features // self.splits, self.in_features)

@@ -162,14 +162,14 @@ class Int8Linear(nn.Module):
         return dequantize_int8(self.codes, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if cpu_kernels.usable(rows, self.in_features):
-            y = cpu_kernels.int8_linear(rows, self.codes, self.scales)
+        if cpu_kernels.usable(x, self.in_features):
+            y = cpu_kernels.int8_linear(x, self.codes, self.scales)
         elif _int8_kernel_ok(x):
-            y = torch.ops.aten._weight_int8pack_mm(rows.to(KERNEL_ACTIVATION_DTYPE), self.codes, self.scales)
+            rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         else:
             return self.reference_forward(x)
-        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -219,16 +219,15 @@ class Int4Linear(nn.Module):
         return dequantize_int4(self.codes(), self.scale_zero, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if self.c_kernel and cpu_kernels.usable(rows, self.in_features):
-            y = cpu_kernels.int4_linear(rows, self.packed, self.scale_zero, self.group_size)
+        if self.c_kernel and cpu_kernels.usable(x, self.in_features):
+            y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size)
         elif self.kernel_layout and x.device.type == "cpu":
             # The kernel wants activations in the scales' dtype (bf16); it accumulates in fp32.
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(KERNEL_ACTIVATION_DTYPE), self.packed,
-                                                            self.group_size, self.scale_zero)
+            rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scale_zero)
+            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         else:
             return self.reference_forward(x)
-        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
