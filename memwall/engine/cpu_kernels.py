@@ -11,8 +11,7 @@ The library is compiled with the system C compiler on first use (well under a se
 under memwall's cache folder, keyed by a hash of the source. It is linked against OpenMP: the
 loader resolves that to the libgomp that PyTorch has already loaded, so both share one thread
 pool. `library()` returns None, with the reason in `unavailable_reason()`, where the CPU lacks
-AVX2/FMA, no compiler is found, or the build fails; the quantized layers then use PyTorch's
-kernels. Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block of code
+AVX2/FMA, no compiler is found, or the build fails; the layers then use PyTorch's kernels. Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block of code
 (chapter 7 times both kernels side by side that way).
 """
 
@@ -33,7 +32,9 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 MAX_ROWS = 8  # int8/int4: beyond a few rows, converting every weight again per row costs too much
-MAX_FP32_ROWS = 256  # fp32: ahead of F.linear up to 128 rows on the course CPU (SmolLM2's shapes)
+# fp32: beyond this, F.linear (MKL, which blocks for cache). On the course CPU the kernel was
+# still ahead at 512 rows (SmolLM2's shapes: 343 vs 386 ms over 40 matrices); 256 keeps margin.
+MAX_FP32_ROWS = 256
 _reason: list[str] = []
 _switched_off = [False]
 
@@ -49,7 +50,7 @@ def available() -> bool:
 
 @contextlib.contextmanager
 def switched_off():
-    """Inside this block the quantized layers use PyTorch's kernels (layers built inside it keep
+    """Inside this block the layers use PyTorch's kernels (int4 layers built inside it keep
     PyTorch's int4 layout afterwards)."""
     before, _switched_off[0] = _switched_off[0], True
     try:

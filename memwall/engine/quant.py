@@ -18,7 +18,8 @@ Three paths compute the matmul, all dequantizing on the fly except the last:
 - otherwise on CPU, PyTorch's packed kernels (`aten._weight_int8pack_mm`,
   `aten._weight_int4pack_mm_for_cpu`). They take bf16 activations (the int8 one has a fast path
   only for bf16), so the layers round the activations to bf16 on the way in and back on the way
-  out. On the course CPU they are compute-bound: no faster than fp32 for int8 (chapter 7);
+  out. On the course CPU they are compute-bound: they read their bytes at half the rate of
+  memwall's kernels or less (chapter 7);
 - `reference_forward`: dequantize the whole matrix, then `F.linear`. Used where no kernel applies
   (GPU, many rows with memwall's int4 layout), and the tests check both kernels against it.
 """
