@@ -2,8 +2,8 @@
 
 Decode multiplies a few activation rows by each weight matrix, so it streams the weights at
 whatever rate the hardware can read them. On this course's 2-core AMD CPU, MKL's fp32 kernels
-handle that shape poorly: `F.linear` on one row runs on a single core (about a third of the
-machine's read bandwidth, see chapter 3), and with 2 to 128 rows it leaves much of the CPU's
+handle that shape poorly: `F.linear` on one row runs on a single core (chapters 3 and 6 time it
+against the engine's kernels), and with 2 to 128 rows it leaves much of the CPU's
 FLOP/s unused (chapter 6). Two fixes, both splitting W into one slab of output rows per core:
 
 - memwall's own kernel (`cpu_kernels.c`, where it builds): each core streams its slab once and

@@ -14,7 +14,7 @@ point and each weight is turned back into a float ("dequantized") inside the mat
 
 Three paths compute the matmul, all dequantizing on the fly except the last:
 - for a few fp32 activation rows on an AVX2 CPU (decode), memwall's own C kernels
-  (`cpu_kernels.c`), which stream the packed weights at close to the machine's read bandwidth;
+  (`cpu_kernels.c`), which read the packed weights and turn them into floats in registers;
 - otherwise on CPU, PyTorch's packed kernels (`aten._weight_int8pack_mm`,
   `aten._weight_int4pack_mm_for_cpu`). They take bf16 activations (the int8 one has a fast path
   only for bf16), so the layers round the activations to bf16 on the way in and back on the way

@@ -274,9 +274,11 @@ def cells():
         The error printed above is the test of the model "one call = one prefill + a string of decode
         steps". The measured parts add up to the whole by definition; the interesting part is how well
         numbers taken from *other* prompts predict it. The total is mostly decode steps, each
-        predicted from many timed steps. TTFT is a single short call read off a fitted line, so one
-        slow moment on a shared machine can move it by a larger fraction than it moves the total:
-        compare the predicted and measured TTFT above with the error in the total. For a short
+        predicted from many timed steps. TTFT is a single short call read off a line fitted to all
+        the prompt lengths. Where the per-token column rises at long prompts (a negative intercept
+        in the fit is the sign), that line underestimates short prompts, and one slow moment on a
+        shared machine can move it further: compare the predicted and measured TTFT above with the
+        error in the total. For a short
         question and a long answer, as here, nearly all the waiting is decode. A long document
         with a short answer (summarising, classifying) flips that, and then TTFT dominates.
 

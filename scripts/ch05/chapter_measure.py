@@ -197,8 +197,9 @@ def timing_cells():
         md("""
         Read the two ratio columns side by side. If a step were nothing but streaming bytes, the time ratio
         would equal the byte ratio. Where part of each step is fixed per-operation overhead, as chapter 3
-        found on a machine like this one, that fixed cost pulls the time ratios towards 1; compare each
-        pair in the printed lines to see how strongly it does so here. The growth
+        found on a machine like this one, that fixed cost pulls the time ratios towards 1, while attention
+        that reads the cache more slowly than the weights are streamed (chapter 4's slope) pushes them
+        away from 1; compare each pair in the printed lines to see which wins here. The growth
         with context is where the KV heads show: the more KV heads, the more each extra token of context
         costs, and the steeper the line.
 

@@ -320,14 +320,15 @@ def measured_cells():
         The second is the matrix multiplies themselves. A kernel that is much slower with a few rows than with
         one makes the step time climb long before the ridge point, and the last column then falls as B grows.
         Where the measured step time climbs from the first doublings of B, the second cost dominates. On a
-        CPU this is common: the fp32 matmul kernels of MKL (the BLAS that PyTorch uses on x86) are tuned for
-        one row or for many, and the next section measures them at a few.
+        CPU this is common: many matmul kernels, MKL's fp32 ones among them (the BLAS that PyTorch uses on
+        x86), are tuned for one row or for many. The engine uses memwall's own C kernel for up to 256 rows,
+        and the next section measures it beside MKL's at a few rows.
 
-        ### Why this CPU falls short at larger B: small-M matrix multiplies
+        ### Small-M matrix multiplies: how fast can a few rows go?
 
         The FLOPs of a batched step are matrix products with B rows, so "M" (the row count) is small,
-        from 2 to 32. BLAS libraries are tuned for square matrices and for M = 1 (the matrix-vector product),
-        and a thin M is often neither. Here is the biggest matrix of the model, the 576 × 49152 output head
+        from 2 to 32. BLAS libraries are tuned above all for large square matrices; thin shapes, M = 1
+        included (compare `F.linear`'s first row with the others), are often a weak spot. Here is the biggest matrix of the model, the 576 × 49152 output head
         (113 MB in fp32, far beyond the caches), multiplied by M rows in up to five ways:
 
         - memwall's own kernel (`memwall/engine/cpu_kernels.c`), which the engine's `Linear` uses on a CPU
@@ -414,8 +415,8 @@ def measured_cells():
         (cuBLAS) for every M.
 
         What this means for the performance target (B = 16 at 8× the tokens/s of B = 1, printed above): on a
-        2-core CPU with a ridge point of a few FLOPs per byte, B = 16 is already past the ridge (the first
-        compute-bound B was printed in the ridge-point section). The step then
+        2-core CPU with a ridge point of a few FLOPs per byte, B = 16 is at or past the ridge wherever the
+        first compute-bound B printed in the ridge-point section is 16 or less. The step then
         costs FLOPs, not bytes, and the ceiling on the speed-up is the ratio of the two step times in the
         cost model, not 16. Where the run above misses 8×, the measured FLOP/s at M = 16 against the matmul
         peak show how much of the miss is the kernel, and the prediction column shows how much is

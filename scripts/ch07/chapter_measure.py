@@ -12,13 +12,15 @@ def speed_cells():
         of the engine for a packed one. An int4 layer keeps its codes packed two to a byte, plus a bf16 scale
         and offset per group. The byte count comes from the real tensors, and it matches `memwall.cost`.
         When a few activation rows come in, as in decode, the packed layers multiply with memwall's own CPU
-        kernels (`memwall/engine/cpu_kernels.c`, a hundred lines of C with AVX2 instructions, compiled on
-        first use). Each thread takes a slab of output rows, loads the int8 codes (or two int4 codes per
+        kernels (`memwall/engine/cpu_kernels.c`, about 150 lines of C with AVX2 instructions, compiled
+        on first use). Each thread takes a slab of output rows, loads the int8 codes (or two int4 codes per
         byte), turns them into floats in registers and multiplies them with the fp32 activations: no
-        full-size float copy of the weights is ever written. For many rows, or where the kernels cannot be
-        built (no AVX2, no C compiler), the layers use PyTorch's packed kernels,
-        `aten._weight_int8pack_mm` and `aten._weight_int4pack_mm_for_cpu`, which take bf16 activations.
-        The next section times both kinds on the same bytes.
+        full-size float copy of the weights is ever written. For more than a few rows, int8 layers use
+        PyTorch's packed kernel `aten._weight_int8pack_mm` (bf16 activations), and int4 layers in memwall's
+        layout dequantize the matrix and call `F.linear`. Where the C kernels cannot be built (no AVX2, no
+        C compiler), both use PyTorch's packed kernels, `aten._weight_int8pack_mm` and
+        `aten._weight_int4pack_mm_for_cpu`, which take bf16 activations. The next section times these
+        paths on the same bytes.
 
         The output head has the largest int4 error in the table above, and the file itself keeps it at
         8 bits. So two int4 variants keep an **int8 head**, as the GGUF file keeps it at 8 bits; a third
@@ -213,13 +215,16 @@ def dequant_cost_cells():
           reading it.
         - **Half the bytes is not half the time.** An int4 code must be masked and shifted out of its byte
           before it is converted, so the int4 kernel does more arithmetic per weight than the int8 one.
-          Compare the two C kernels' times: where int4 is not twice as fast, the unpacking, not memory,
-          sets its speed.
+          Compare the two C kernels' times: where int4 is not twice as fast, or even slower, the
+          unpacking, not memory, sets its speed.
         - **With many rows, the weights are reused.** The work becomes compute-bound (chapter 2), and bytes
-          no longer decide the time. A matrix-vector kernel such as memwall's converts every weight again for
-          every row, so at 128 rows it falls far behind fp32's matrix-matrix kernel; that is why the layers
-          hand more than a few rows to PyTorch. Weight-only quantization helps the memory-bound regime:
-          decode at small batch.
+          no longer decide the time. memwall's int8 and int4 kernels convert every weight again for every
+          row, while the fp32 kernel reuses each loaded weight for several rows, so at 128 rows the
+          quantized kernels fall behind fp32 (the last line gives the factors). The quantized layers
+          therefore use their C kernels only up to 8 rows and hand larger inputs to another path:
+          PyTorch's int8 kernel, or dequantize-then-`F.linear` for int4. Compare those rows' 128-row times
+          with the C kernels' to see whether the hand-off pays here. Weight-only quantization helps the
+          memory-bound regime: decode at small batch.
         """),
     ]
 
@@ -235,7 +240,7 @@ def quality_cells():
         fp32 model. Two variants appear here for quality only. **int4-g192** is a group size that
         PyTorch's int4 kernel does not take (memwall's takes any multiple of 32). **int8 KV cache** keeps fp32 weights but passes every key and value
         through `memwall.engine.kv_quant.KVCacheInt8` (one scale per token and head). bf16 is left out, to
-        keep the chapter's run time down: on this CPU its matmuls are the slowest of all.
+        keep the chapter's run time down; its decode speed is in the table above.
         """),
         code("""
         EVAL_TOKENS = 256
@@ -296,7 +301,7 @@ def quality_cells():
         - **int4-g32 with an int8 head** reuses the file's own grid, as shown above, so its body weights
           lose only the rounding of their bf16 scales. The output can still change: the head is rounded
           to its own int8 per-row grid, not the file's Q8_0 blocks, and when many tokens go through at once
-          its kernel (PyTorch's) rounds the activations to bf16. Its top-1 agreement shows how much those two change here. A model trained in
+          the int8 head's kernel (PyTorch's) rounds the activations to bf16. Its top-1 agreement shows how much those two change here. A model trained in
           16 bits would show a real loss from the int4 body as well, and that is the gap GPTQ and AWQ
           close.
         - **Larger groups** no longer line up with the file's blocks. At g = 64 or g = 192, the range of two

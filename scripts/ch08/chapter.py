@@ -128,9 +128,9 @@ def cells():
         extra FLOPs hide behind the weight read. A CPU need not behave like that. The one-token step is a
         matrix-vector product that the engine spreads over both cores (see `memwall/engine/linear.py`).
         A pass of a few tokens turns it into a skinny matrix-matrix product: each weight now serves k+1
-        rows, and on a CPU whose ridge point is a few FLOPs per byte (chapter 6) the extra arithmetic
-        starts to show. The kernel matters as much: chapter 6 times the same shape with memwall's kernel,
-        a batched matmul and MKL's, and they differ by more than the bytes. Where the middle column rises
+        rows, which brings the pass towards a CPU's low ridge point (chapter 6), and how well the kernel
+        handles a few rows decides how much of the extra arithmetic stays hidden. Chapter 6 times the same
+        shape with memwall's kernel, a batched matmul and MKL's: they differ by more than the bytes. Where the middle column rises
         well above 1, verification is not free on this machine. The last column, the time per token, is what speculation lives on: it falls as more
         tokens share one pass. Every speed-up estimate below uses the measured ratios, not 1. On a shared
         machine they move from run to run, so read them as rough.
