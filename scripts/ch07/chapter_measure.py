@@ -129,12 +129,14 @@ def dequant_cost_cells():
         int8_layers, int4_layers = (gate_ups(variants["int8"]),
                                     gate_ups(variants["int4-g32 + int8 head"]))
         with cpu_kernels.switched_off():  # the same int4 codes, in PyTorch's kernel layout
-            int4_pytorch = [Int4Linear(layer.codes(), layer.scale_zero, 32) for layer in int4_layers]
+            int4_pytorch = [Int4Linear(layer.codes(), layer.scale_zero, 32)
+                            for layer in int4_layers]
         paths = {"fp32 (the engine's Linear)": (gate_ups(fp32_model), 4)}
         # name: (one function per layer, weight bytes per weight)
         if cpu_kernels.available():
             paths["int8, memwall's C kernel"] = (
-                [lambda x, l=l: cpu_kernels.int8_linear(x, l.codes, l.scales) for l in int8_layers], 1)
+                [lambda x, l=l: cpu_kernels.int8_linear(x, l.codes, l.scales)
+                 for l in int8_layers], 1)
         paths |= {
             "int8, PyTorch kernel, bf16 activations":
                 ([lambda x, l=l: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), l.codes, l.scales)
