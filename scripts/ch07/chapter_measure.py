@@ -131,8 +131,8 @@ def dequant_cost_cells():
         with cpu_kernels.switched_off():  # the same int4 codes, in PyTorch's kernel layout
             int4_pytorch = [Int4Linear(layer.codes(), layer.scale_zero, 32)
                             for layer in int4_layers]
-        paths = {"fp32 (the engine's Linear)": (gate_ups(fp32_model), 4)}
         # name: (one function per layer, weight bytes per weight)
+        paths = {"fp32 (the engine's Linear)": (gate_ups(fp32_model), 4)}
         if cpu_kernels.available():
             paths["int8, memwall's C kernel"] = (
                 [lambda x, l=l: cpu_kernels.int8_linear(x, l.codes, l.scales)
