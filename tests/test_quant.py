@@ -132,6 +132,7 @@ def test_memwall_cpu_kernels_follow_the_thread_count():
 def test_memwall_cpu_kernels_fail_softly(monkeypatch, tmp_path):
     """A broken compiler or MEMWALL_CPU_KERNELS=0 leaves a reason and PyTorch's kernels in charge."""
     try:
+        monkeypatch.delenv("MEMWALL_CPU_KERNELS", raising=False)
         monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))  # nothing built yet: it must compile
         monkeypatch.setenv("CC", "false")
         cpu_kernels.library.cache_clear()
