@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from memwall import cost
+from memwall import cost, quality
 from memwall.engine import cpu_kernels
 from memwall.engine import Transformer
 from memwall.engine.linear import Linear
@@ -197,7 +197,7 @@ def test_quantize_rejects_bad_input(tiny_engine):
 
 
 @pytest.mark.parametrize("scheme,group_size,head,min_agreement",
-                         [("int8", 32, "same", 0.9), ("int4", 32, "int8", 0.9), ("int4", 64, "int8", 0.7)])
+                         [("int8", 32, "same", 0.9), ("int4", 32, "int8", 0.95), ("int4", 64, "int8", 0.7)])
 def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme, group_size, head, min_agreement):
     spec = "smollm2-135m"
     assert smollm2_engine.weight_bytes_per_step() == pytest.approx(cost.weight_bytes(spec, "fp32"), rel=1e-3)
@@ -217,9 +217,9 @@ def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme
         cost.bytes_per_element(dtype_of(model.lm_head)) - cost.bytes_per_element(body))
     assert model.weight_bytes_per_step() == pytest.approx(predicted, rel=0.01)
 
-    text = ("The tide comes in twice a day along most of the coast, and people who live by the sea learn "
-            "its rhythm without thinking about the moon. Fishermen know when the water will be low.")
-    tokens = torch.tensor([smollm2[1](text)["input_ids"]])
+    # 256 tokens of memwall's evaluation text: on a 39-token sentence one near-tie of the fp32 model
+    # (top-2 logits 0.03 apart) moved agreement by 2.6 points depending on the kernel path.
+    tokens = torch.tensor([quality.eval_token_ids(smollm2[1], 256)])
     with torch.inference_mode():
         agreement = (model(tokens).argmax(-1) == smollm2_engine(tokens).argmax(-1)).float().mean().item()
     assert agreement >= min_agreement

@@ -97,22 +97,19 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
 
     shared = {"model": name, **harness.environment(device), "dtype": dtype, "prompt_tokens": prompt_tokens,
               "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup}
+    per_engine = {e: summarize(e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens,
+                               new_tokens, bandwidth) for e in runs}
     if side_by_side:
-        per_variant = {}
         for label, q in zip(runs, quants):
-            per_variant[label] = summarize(label, samples[label], weight_bytes[label], kv_per_token[label],
-                                           prompt_tokens, new_tokens, bandwidth)
-            per_variant[label]["cost_model_weight_bytes"] = _cost_model_weight_bytes(
+            per_engine[label]["cost_model_weight_bytes"] = _cost_model_weight_bytes(
                 config, _quant_dtype(q, group_size) or dtype)
-        first = per_variant[next(iter(per_variant))]["tok_per_s"]
-        return {"engine": "memwall", **shared, **per_variant,
-                "tok_per_s_over_first": {label: v["tok_per_s"] / first for label, v in per_variant.items()}}
+        first = per_engine[next(iter(runs))]["tok_per_s"]
+        return {"engine": "memwall", **shared, **per_engine,
+                "tok_per_s_over_first": {label: v["tok_per_s"] / first for label, v in per_engine.items()}}
     quant = quants[0]
     shared["cost_model_weight_bytes"] = _cost_model_weight_bytes(config, _quant_dtype(quant, group_size) or dtype)
     if quant is not None:
         shared["quant"] = _quant_dtype(quant, group_size)
-    per_engine = {e: summarize(e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens,
-                               new_tokens, bandwidth) for e in engines}
     if engine != "compare":
         return {"engine": engine, **shared, **per_engine[engine]}
     ratio = per_engine["memwall"]["tok_per_s"] / per_engine["hf"]["tok_per_s"]

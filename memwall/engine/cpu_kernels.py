@@ -36,37 +36,39 @@ MAX_ROWS = 8  # int8/int4: beyond a few rows, converting every weight again per 
 # fp32: beyond this, F.linear (MKL, which blocks for cache). On the course CPU the kernel was
 # still ahead at 512 rows (SmolLM2's shapes: 343 vs 386 ms over 40 matrices); 256 keeps margin.
 MAX_FP32_ROWS = 256
-_reason: list[str] = []
-_switched_off = [False]
+_unavailable_reason: str | None = None  # set by library() when it returns None
+_switched_off = False
 
 
 def unavailable_reason() -> str | None:
     """Why the kernels cannot be used here, or None if they can."""
-    return None if library() is not None else _reason[-1]
+    return None if library() is not None else _unavailable_reason
 
 
 def available() -> bool:
-    return not _switched_off[0] and library() is not None
+    return not _switched_off and library() is not None
 
 
 @contextlib.contextmanager
 def switched_off():
     """Inside this block the layers use PyTorch's kernels (int4 layers built inside it keep
     PyTorch's int4 layout afterwards)."""
-    before, _switched_off[0] = _switched_off[0], True
+    global _switched_off
+    before, _switched_off = _switched_off, True
     try:
         yield
     finally:
-        _switched_off[0] = before
+        _switched_off = before
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be used (see the module docstring)."""
+    global _unavailable_reason
     try:
         return _load()
     except (OSError, subprocess.SubprocessError, _Unavailable) as error:
-        _reason.append(str(error))
+        _unavailable_reason = str(error)
         return None
 
 

@@ -60,16 +60,14 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if cpu_kernels.fp32_usable(x, self.weight):
             y = cpu_kernels.fp32_linear(x, self.weight)
-            return y if self.bias is None else y + self.bias
-        rows = x.reshape(-1, self.in_features)
-        if self.splits == 1 or rows.shape[0] > MAX_SPLIT_ROWS:
+        elif self.splits == 1 or x.numel() > MAX_SPLIT_ROWS * self.in_features:
             return F.linear(x, self.weight, self.bias)
-        slabs = self.weight.view(self.splits, self.out_features // self.splits, self.in_features)
-        y = torch.bmm(slabs, rows.t().expand(self.splits, -1, -1))  # [splits, out / splits, rows]
-        y = y.view(self.out_features, -1).t()
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        else:
+            rows = x.reshape(-1, self.in_features)
+            slabs = self.weight.view(self.splits, self.out_features // self.splits, self.in_features)
+            y = torch.bmm(slabs, rows.t().expand(self.splits, -1, -1))  # [splits, out / splits, rows]
+            y = y.view(self.out_features, -1).t().reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, splits={self.splits}"

@@ -166,9 +166,8 @@ class Int8Linear(nn.Module):
         if cpu_kernels.usable(x, self.in_features):
             y = cpu_kernels.int8_linear(x, self.codes, self.scales)
         elif _int8_kernel_ok(x):
-            rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
-            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+            y = _through_bf16(x, self.out_features,
+                              lambda rows: torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales))
         else:
             return self.reference_forward(x)
         return y if self.bias is None else y + self.bias
@@ -223,10 +222,8 @@ class Int4Linear(nn.Module):
         if self.c_kernel and cpu_kernels.usable(x, self.in_features):
             y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size)
         elif self.kernel_layout and x.device.type == "cpu":
-            # The kernel wants activations in the scales' dtype (bf16); it accumulates in fp32.
-            rows = x.reshape(-1, self.in_features).to(KERNEL_ACTIVATION_DTYPE)
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scale_zero)
-            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+            y = _through_bf16(x, self.out_features, lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows, self.packed, self.group_size, self.scale_zero))
         else:
             return self.reference_forward(x)
         return y if self.bias is None else y + self.bias
@@ -237,6 +234,13 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         where = "PyTorch CPU kernel layout" if self.kernel_layout else "plain layout"
         return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}, {where}"
+
+
+def _through_bf16(x: torch.Tensor, out_features: int, kernel) -> torch.Tensor:
+    """Run one of PyTorch's packed kernels, which take bf16 rows (the scales' dtype) and accumulate
+    in fp32, on x [..., in]: round x to bf16 on the way in and back to its dtype on the way out."""
+    y = kernel(x.reshape(-1, x.shape[-1]).to(KERNEL_ACTIVATION_DTYPE))
+    return y.to(x.dtype).view(*x.shape[:-1], out_features)
 
 
 def _int8_kernel_ok(x: torch.Tensor) -> bool:
