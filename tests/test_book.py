@@ -56,6 +56,18 @@ def test_chapter_was_executed_and_shows_plots(build, chapter):
     assert "cell_output" in html
 
 
+@pytest.mark.parametrize("chapter", ["chapters/05_gqa", "chapters/06_batching"])
+def test_markdown_tables_in_outputs_render_as_tables(build, chapter):
+    """display(Markdown(table)) outputs must become HTML tables, not a line of pipes."""
+    # Each output block runs from its cell_output div to the start of the next cell.
+    outputs = [part.split('<div class="cell docutils container')[0]
+               for part in page_html(chapter).split('class="cell_output')[1:]]
+    assert any("<table" in output for output in outputs), f"{chapter}: no table among the cell outputs"
+    # A table left as text keeps its "|---:|" rule, with the dashes typeset as an em dash.
+    left_as_text = [output for output in outputs if re.search(r"\|\s*(?:-{3,}|—):?\s*\|", output)]
+    assert not left_as_text, f"{chapter}: a markdown table was left as text"
+
+
 @pytest.mark.parametrize("chapter", CHAPTER_PAGES)
 def test_chapter_has_launch_buttons(build, chapter):
     html = page_html(chapter)
