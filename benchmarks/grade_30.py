@@ -44,7 +44,9 @@ def make_class(folder: Path, solutions: Path, chapter: str):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chapter", default=DEMO_CHAPTER, help="a notebook name in solutions/, without .ipynb")
+    parser.add_argument(
+        "--chapter", default=DEMO_CHAPTER, help="a notebook name in solutions/, without .ipynb"
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--keep", type=Path, help="write submissions, grades.csv and feedback here")
     args = parser.parse_args()

@@ -23,7 +23,8 @@ import json
 import sys
 
 from memwall import cost
-from memwall.hardware import CATALOG as HARDWARE_CATALOG, MEASURED_NAME, get_hardware, measure
+from memwall.hardware import CATALOG as HARDWARE_CATALOG
+from memwall.hardware import MEASURED_NAME, get_hardware, measure
 from memwall.specs import CATALOG as MODEL_CATALOG
 
 # command -> module whose register_cli(subparsers) adds it. One module may add several commands.
@@ -87,10 +88,17 @@ def print_table(title: str, rows: list[tuple[str, str]]) -> None:
 
 # ---- info --------------------------------------------------------------------------------------
 
+
 def add_info_parser(subparsers) -> None:
-    parser = subparsers.add_parser("info", help="measure this machine's memory bandwidth and FLOP/s")
-    parser.add_argument("--device", help="torch device to measure (default: cuda if present, else cpu)")
-    parser.add_argument("--quick", action="store_true", help="smaller (still beyond-cache) working set")
+    parser = subparsers.add_parser(
+        "info", help="measure this machine's memory bandwidth and FLOP/s"
+    )
+    parser.add_argument(
+        "--device", help="torch device to measure (default: cuda if present, else cpu)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller (still beyond-cache) working set"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run_info)
 
@@ -98,39 +106,66 @@ def add_info_parser(subparsers) -> None:
 def run_info(args) -> int:
     try:
         result = measure(args.device, quick=args.quick)
-    except RuntimeError as error:  # torch's answer to a device it cannot use, e.g. "cuda" on a CPU box
-        raise ValueError(f"cannot measure device {args.device!r}: {str(error).splitlines()[0]}") from None
+    except (
+        RuntimeError
+    ) as error:  # torch's answer to a device it cannot use, e.g. "cuda" on a CPU box
+        raise ValueError(
+            f"cannot measure device {args.device!r}: {str(error).splitlines()[0]}"
+        ) from None
     ridge = {dtype: rate / result.bandwidth for dtype, rate in result.flops.items()}
     if args.json:
         print(json.dumps({**dataclasses.asdict(result), "ridge_point": ridge}, indent=2))
         return 0
-    rows = [("device", f"{result.device} ({result.device_type})"),
-            ("torch", result.torch_version),
-            ("threads", str(result.threads)),
-            ("memory", human_bytes(result.memory_bytes)),
-            ("bandwidth", f"{si(result.bandwidth, 'B/s')}  (read {si(result.read_bandwidth, 'B/s')}, "
-                          f"copy {si(result.copy_bandwidth, 'B/s')}, over {human_bytes(result.working_set_bytes)})")]
-    rows += [(f"matmul {dtype}", f"{si(rate, 'FLOP/s')}  (ridge point {ridge[dtype]:.3g} FLOPs/byte)")
-             for dtype, rate in result.flops.items()]
+    rows = [
+        ("device", f"{result.device} ({result.device_type})"),
+        ("torch", result.torch_version),
+        ("threads", str(result.threads)),
+        ("memory", human_bytes(result.memory_bytes)),
+        (
+            "bandwidth",
+            f"{si(result.bandwidth, 'B/s')}  (read {si(result.read_bandwidth, 'B/s')}, "
+            f"copy {si(result.copy_bandwidth, 'B/s')}, over {human_bytes(result.working_set_bytes)})",
+        ),
+    ]
+    rows += [
+        (f"matmul {dtype}", f"{si(rate, 'FLOP/s')}  (ridge point {ridge[dtype]:.3g} FLOPs/byte)")
+        for dtype, rate in result.flops.items()
+    ]
     print_table("memwall info: the roofline of this machine (best of several runs)", rows)
     return 0
 
 
 # ---- calc --------------------------------------------------------------------------------------
 
+
 def add_calc_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "calc", help="bytes, FLOPs and the tokens/s ceiling of one decode step",
-        description="Roofline arithmetic for decoding one token for each of BATCH sequences of CONTEXT tokens.")
+        "calc",
+        help="bytes, FLOPs and the tokens/s ceiling of one decode step",
+        description="Roofline arithmetic for decoding one token for each of BATCH sequences of CONTEXT tokens.",
+    )
     parser.add_argument("--model", required=True, help=f"one of: {', '.join(MODEL_CATALOG)}")
-    parser.add_argument("--hardware", required=True,
-                        help=f"one of: {', '.join(HARDWARE_CATALOG)}, or '{MEASURED_NAME}' to measure this machine")
-    parser.add_argument("--dtype", default="bf16", help="weight dtype (default bf16), e.g. fp32, int8, int4, q4_1")
+    parser.add_argument(
+        "--hardware",
+        required=True,
+        help=f"one of: {', '.join(HARDWARE_CATALOG)}, or '{MEASURED_NAME}' to measure this machine",
+    )
+    parser.add_argument(
+        "--dtype", default="bf16", help="weight dtype (default bf16), e.g. fp32, int8, int4, q4_1"
+    )
     parser.add_argument("--kv-dtype", help="KV cache dtype (default: the compute dtype)")
-    parser.add_argument("--context", type=int, default=1024, help="tokens per sequence (default 1024)")
-    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
-    parser.add_argument("--kv-heads", type=int, help="override the model's KV heads (MHA/GQA/MQA what-ifs)")
-    parser.add_argument("--quick", action="store_true", help=f"with --hardware {MEASURED_NAME}: measure quickly")
+    parser.add_argument(
+        "--context", type=int, default=1024, help="tokens per sequence (default 1024)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="sequences decoded together (default 1)"
+    )
+    parser.add_argument(
+        "--kv-heads", type=int, help="override the model's KV heads (MHA/GQA/MQA what-ifs)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"with --hardware {MEASURED_NAME}: measure quickly"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run_calc)
 
@@ -140,8 +175,15 @@ def run_calc(args) -> int:
     if hardware.strip().lower() == MEASURED_NAME:
         hardware = measure(quick=args.quick).as_hardware()
     hardware = get_hardware(hardware)
-    result = cost.calc(args.model, hardware, dtype=args.dtype, context=args.context, batch=args.batch,
-                       kv_dtype=args.kv_dtype, kv_heads=args.kv_heads)
+    result = cost.calc(
+        args.model,
+        hardware,
+        dtype=args.dtype,
+        context=args.context,
+        batch=args.batch,
+        kv_dtype=args.kv_dtype,
+        kv_heads=args.kv_heads,
+    )
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -151,26 +193,42 @@ def run_calc(args) -> int:
     print_table(
         f"memwall calc: {r['model']} on {r['hardware']}, {r['dtype']} weights, {r['kv_dtype']} KV cache{kv_heads}, "
         f"{r['batch']} sequence{'s' if r['batch'] > 1 else ''} x {r['context']} tokens",
-        [("parameters", f"{parameter_count(r['n_params'])} (active per token: {parameter_count(r['n_params_active'])})"),
-         ("weights read per step", human_bytes(r["weight_bytes"])),
-         ("KV cache per token", human_bytes(r["kv_bytes_per_token"])),
-         ("KV cache per sequence", human_bytes(r["kv_bytes_per_user"])),
-         ("KV cache, whole batch", human_bytes(r["kv_bytes_total"])),
-         ("bytes per step", human_bytes(r["bytes_per_step"])),
-         ("FLOPs per step", si(r["flops_per_step"], "FLOP")),
-         ("arithmetic intensity", f"{r['arithmetic_intensity']:.3g} FLOPs/byte "
-                                  f"(ridge point {r['ridge_point']:.3g}: {r['bound']}-bound)"),
-         ("memory-bound time", seconds(r["memory_time_s"])),
-         ("compute-bound time", seconds(r["compute_time_s"])),
-         ("step time at least", seconds(r["step_time_s"])),
-         ("tokens/s at most", f"{r['tokens_per_s_per_user']:,.1f} per sequence, "
-                              f"{r['tokens_per_s_total']:,.1f} in total"),
-         ("memory needed", f"{human_bytes(r['memory_needed_bytes'])} of {human_bytes(r['memory_bytes'])}: {fits}"),
-         (f"max sequences of {r['context']}", f"{r['max_users']:,}")])
+        [
+            (
+                "parameters",
+                f"{parameter_count(r['n_params'])} (active per token: {parameter_count(r['n_params_active'])})",
+            ),
+            ("weights read per step", human_bytes(r["weight_bytes"])),
+            ("KV cache per token", human_bytes(r["kv_bytes_per_token"])),
+            ("KV cache per sequence", human_bytes(r["kv_bytes_per_user"])),
+            ("KV cache, whole batch", human_bytes(r["kv_bytes_total"])),
+            ("bytes per step", human_bytes(r["bytes_per_step"])),
+            ("FLOPs per step", si(r["flops_per_step"], "FLOP")),
+            (
+                "arithmetic intensity",
+                f"{r['arithmetic_intensity']:.3g} FLOPs/byte "
+                f"(ridge point {r['ridge_point']:.3g}: {r['bound']}-bound)",
+            ),
+            ("memory-bound time", seconds(r["memory_time_s"])),
+            ("compute-bound time", seconds(r["compute_time_s"])),
+            ("step time at least", seconds(r["step_time_s"])),
+            (
+                "tokens/s at most",
+                f"{r['tokens_per_s_per_user']:,.1f} per sequence, "
+                f"{r['tokens_per_s_total']:,.1f} in total",
+            ),
+            (
+                "memory needed",
+                f"{human_bytes(r['memory_needed_bytes'])} of {human_bytes(r['memory_bytes'])}: {fits}",
+            ),
+            (f"max sequences of {r['context']}", f"{r['max_users']:,}"),
+        ],
+    )
     return 0
 
 
 # ---- wiring ------------------------------------------------------------------------------------
+
 
 def _plugin_modules(command: str | None) -> list:
     """Import the plugin modules needed: the one that provides `command`, or all of them."""

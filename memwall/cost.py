@@ -27,7 +27,13 @@ from memwall.specs import ModelSpec, get_spec
 # Bytes per stored element. Q4_1 (llama.cpp/GGUF) packs 32 weights as 4-bit codes plus an fp16
 # scale and an fp16 minimum: 16 + 2 + 2 = 20 bytes per 32 weights, i.e. 5 bits per weight.
 DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5, "q4_1": 20 / 32,
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
+    "q4_1": 20 / 32,
 }
 # Group-wise integer formats are written "int4-g128": every group of 128 weights also stores an
 # fp16 scale and an fp16 zero point, i.e. 4 more bytes per group.
@@ -46,8 +52,10 @@ def bytes_per_element(dtype: str) -> float:
     base, _, group = str(dtype).partition("-g")
     if base in GROUPED_BASES and group.isdigit() and int(group) > 0:
         return DTYPE_BYTES[base] + GROUP_METADATA_BYTES / int(group)
-    raise ValueError(f"Unknown dtype {dtype!r}; choose from {', '.join(DTYPE_BYTES)}, "
-                     f"or a group-wise {'/'.join(GROUPED_BASES)} such as 'int4-g128'.")
+    raise ValueError(
+        f"Unknown dtype {dtype!r}; choose from {', '.join(DTYPE_BYTES)}, "
+        f"or a group-wise {'/'.join(GROUPED_BASES)} such as 'int4-g128'."
+    )
 
 
 def compute_dtype_for(weight_dtype: str) -> str:
@@ -56,6 +64,7 @@ def compute_dtype_for(weight_dtype: str) -> str:
 
 
 # ---- input checks ------------------------------------------------------------------------------
+
 
 def _count(name: str, value, minimum: int) -> int:
     """`value` as an int >= minimum; ints and numpy ints pass, floats and bools don't."""
@@ -72,11 +81,14 @@ def _count(name: str, value, minimum: int) -> int:
 
 def _check_context(spec: ModelSpec, tokens: int) -> None:
     if tokens > spec.max_context:
-        raise ValueError(f"A context of {tokens} tokens exceeds {spec.name}'s maximum of "
-                         f"{spec.max_context}; choose a context between 1 and {spec.max_context}.")
+        raise ValueError(
+            f"A context of {tokens} tokens exceeds {spec.name}'s maximum of "
+            f"{spec.max_context}; choose a context between 1 and {spec.max_context}."
+        )
 
 
 # ---- weights -------------------------------------------------------------------------------------
+
 
 def weight_bytes_for_params(n_params: float, dtype: str = "bf16") -> float:
     """Bytes to hold `n_params` parameters: the rule of thumb (1B params in bf16 = 2 GB)."""
@@ -105,8 +117,9 @@ def expected_experts_touched(spec: ModelSpec | str, tokens: int = 1) -> float:
     return spec.n_experts * (1 - miss_one**tokens)
 
 
-def weight_bytes(spec: ModelSpec | str, dtype: str = "bf16", tokens: int = 1,
-                 count_input_embedding: bool = True) -> float:
+def weight_bytes(
+    spec: ModelSpec | str, dtype: str = "bf16", tokens: int = 1, count_input_embedding: bool = True
+) -> float:
     """Weight bytes read by one step that processes `tokens` tokens (all sequences together).
 
     Every parameter is counted once per step, which is the rule of thumb the book quotes (Llama 3 8B
@@ -123,7 +136,9 @@ def weight_bytes(spec: ModelSpec | str, dtype: str = "bf16", tokens: int = 1,
     params = spec.n_params - spec.n_layers * untouched_experts * spec.n_ffn_params_per_expert
     if not count_input_embedding:
         # Tables only ever looked up: an untied token table, and GPT-2's position table.
-        lookup_only = spec.n_embedding_params - (spec.n_lm_head_params if spec.tied_embeddings else 0)
+        lookup_only = spec.n_embedding_params - (
+            spec.n_lm_head_params if spec.tied_embeddings else 0
+        )
         lookup_tables = (0 if spec.tied_embeddings else 1) + (1 if spec.arch == "gpt2" else 0)
         params += -lookup_only + tokens * lookup_tables * spec.d_model
     return params * bytes_per_element(dtype)
@@ -131,13 +146,16 @@ def weight_bytes(spec: ModelSpec | str, dtype: str = "bf16", tokens: int = 1,
 
 # ---- KV cache ------------------------------------------------------------------------------------
 
+
 def kv_bytes_per_token(spec: ModelSpec | str, kv_dtype: str = "bf16") -> float:
     """2 (key and value) x layers x KV heads x head dim x bytes: what each token adds to the cache."""
     spec = get_spec(spec)
     return 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_element(kv_dtype)
 
 
-def kv_cache_bytes(spec: ModelSpec | str, context: int, batch: int = 1, kv_dtype: str = "bf16") -> float:
+def kv_cache_bytes(
+    spec: ModelSpec | str, context: int, batch: int = 1, kv_dtype: str = "bf16"
+) -> float:
     """Bytes of KV cache for `batch` sequences of `context` tokens each."""
     spec = get_spec(spec)
     context, batch = _count("context", context, 0), _count("batch", batch, 1)
@@ -147,14 +165,18 @@ def kv_cache_bytes(spec: ModelSpec | str, context: int, batch: int = 1, kv_dtype
 
 # ---- one step ------------------------------------------------------------------------------------
 
+
 def matmul_params_per_token(spec: ModelSpec | str) -> int:
     """Weights one token multiplies by: every linear layer it passes through, plus the output head.
 
     The input embedding is a lookup (no FLOPs); only the active experts count.
     """
     spec = get_spec(spec)
-    per_layer = (spec.n_attention_params_per_layer + spec.n_router_params_per_layer
-                 + spec.n_active_experts * spec.n_ffn_params_per_expert)
+    per_layer = (
+        spec.n_attention_params_per_layer
+        + spec.n_router_params_per_layer
+        + spec.n_active_experts * spec.n_ffn_params_per_expert
+    )
     return spec.n_layers * per_layer + spec.n_lm_head_params
 
 
@@ -206,9 +228,15 @@ class StepCost:
         return self.flops / self.total_bytes
 
 
-def step(spec: ModelSpec | str, batch: int = 1, context: int = 0, new_tokens: int = 1,
-         weight_dtype: str = "bf16", kv_dtype: str | None = None,
-         count_input_embedding: bool = True) -> StepCost:
+def step(
+    spec: ModelSpec | str,
+    batch: int = 1,
+    context: int = 0,
+    new_tokens: int = 1,
+    weight_dtype: str = "bf16",
+    kv_dtype: str | None = None,
+    count_input_embedding: bool = True,
+) -> StepCost:
     """The ledger of one forward step.
 
     `context` tokens per sequence are already cached; the step adds `new_tokens` more to each of
@@ -233,16 +261,23 @@ def step(spec: ModelSpec | str, batch: int = 1, context: int = 0, new_tokens: in
     attended_positions = batch * (new_tokens * context + new_tokens * (new_tokens + 1) // 2)
     attention_flops = 4 * spec.n_layers * spec.n_heads * spec.head_dim * attended_positions
     return StepCost(
-        batch=batch, context=context, new_tokens=new_tokens,
-        weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
+        batch=batch,
+        context=context,
+        new_tokens=new_tokens,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        compute_dtype=compute_dtype,
         weight_bytes=weight_bytes(spec, weight_dtype, tokens, count_input_embedding),
         kv_bytes=batch * (context + new_tokens) * kv_bytes_per_token(spec, kv_dtype),
-        activation_bytes=tokens * activation_elements_per_token(spec) * bytes_per_element(compute_dtype),
+        activation_bytes=tokens
+        * activation_elements_per_token(spec)
+        * bytes_per_element(compute_dtype),
         flops=2 * tokens * matmul_params_per_token(spec) + attention_flops,
     )
 
 
 # ---- the roofline ----------------------------------------------------------------------------------
+
 
 def peak_flops(hw: Hardware | str, dtype: str = "bf16") -> float:
     """Dense peak FLOP/s of `hw` for `dtype`.
@@ -299,8 +334,13 @@ def bandwidth_bound_tokens_per_s(bytes_per_step: float, hw: Hardware | str) -> f
     return get_hardware(hw).memory_bandwidth / bytes_per_step
 
 
-def memory_budget(spec: ModelSpec | str, hw: Hardware | str, context: int,
-                  weight_dtype: str = "bf16", kv_dtype: str | None = None) -> int:
+def memory_budget(
+    spec: ModelSpec | str,
+    hw: Hardware | str,
+    context: int,
+    weight_dtype: str = "bf16",
+    kv_dtype: str | None = None,
+) -> int:
     """How many sequences of `context` tokens fit next to the weights (0 if the weights don't fit).
 
     An upper bound: it ignores activations, fragmentation and the framework's own memory.
@@ -314,23 +354,40 @@ def memory_budget(spec: ModelSpec | str, hw: Hardware | str, context: int,
     return math.floor(free / kv_cache_bytes(spec, context, 1, kv_dtype))
 
 
-def calc(model: ModelSpec | str, hardware: Hardware | str, dtype: str = "bf16", context: int = 1024,
-         batch: int = 1, kv_dtype: str | None = None, kv_heads: int | None = None) -> dict:
+def calc(
+    model: ModelSpec | str,
+    hardware: Hardware | str,
+    dtype: str = "bf16",
+    context: int = 1024,
+    batch: int = 1,
+    kv_dtype: str | None = None,
+    kv_heads: int | None = None,
+) -> dict:
     """Everything `memwall calc` prints, for decoding the last token of `batch` sequences of
     `context` tokens each (so each sequence attends to `context` cached positions, this one included)."""
     spec, hw = get_spec(model), get_hardware(hardware)
     if kv_heads is not None:
         spec = spec.with_kv_heads(_count("kv_heads", kv_heads, 1))
     context, batch = _count("context", context, 1), _count("batch", batch, 1)
-    cost = step(spec, batch=batch, context=context - 1, new_tokens=1, weight_dtype=dtype, kv_dtype=kv_dtype)
+    cost = step(
+        spec, batch=batch, context=context - 1, new_tokens=1, weight_dtype=dtype, kv_dtype=kv_dtype
+    )
     rate = tokens_per_s_ceiling(cost, hw)
-    memory_needed = weight_storage_bytes(spec, dtype) + kv_cache_bytes(spec, context, batch, cost.kv_dtype)
+    memory_needed = weight_storage_bytes(spec, dtype) + kv_cache_bytes(
+        spec, context, batch, cost.kv_dtype
+    )
     mem_s, compute_s = memory_time(cost, hw), compute_time(cost, hw)
     return {
-        "model": spec.name, "hardware": hw.name,
-        "dtype": dtype, "kv_dtype": cost.kv_dtype, "compute_dtype": cost.compute_dtype,
-        "context": context, "batch": batch, "n_kv_heads": spec.n_kv_heads,
-        "n_params": spec.n_params, "n_params_active": spec.n_params_active,
+        "model": spec.name,
+        "hardware": hw.name,
+        "dtype": dtype,
+        "kv_dtype": cost.kv_dtype,
+        "compute_dtype": cost.compute_dtype,
+        "context": context,
+        "batch": batch,
+        "n_kv_heads": spec.n_kv_heads,
+        "n_params": spec.n_params,
+        "n_params_active": spec.n_params_active,
         "weight_bytes": cost.weight_bytes,
         "weight_storage_bytes": weight_storage_bytes(spec, dtype),
         "kv_bytes_per_token": kv_bytes_per_token(spec, cost.kv_dtype),

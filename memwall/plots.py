@@ -19,18 +19,29 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from memwall.cost import peak_flops
-from memwall.hardware import Hardware, get_hardware
+from memwall.hardware import get_hardware
 
 DEFAULT_INTENSITY_RANGE = (0.1, 1e4)  # FLOPs per byte: from a matvec to a big square matmul
-BYTE_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+BYTE_UNITS = {
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
 
 
 def attainable_flops(intensity, peak_flops_per_s: float, bandwidth: float):
     """The roofline itself: min(peak FLOP/s, intensity x bytes/s), elementwise for arrays."""
     if not (peak_flops_per_s > 0 and bandwidth > 0):
-        raise ValueError(f"peak_flops_per_s and bandwidth must be positive, got "
-                         f"{peak_flops_per_s!r} and {bandwidth!r}.")
+        raise ValueError(
+            f"peak_flops_per_s and bandwidth must be positive, got "
+            f"{peak_flops_per_s!r} and {bandwidth!r}."
+        )
     return np.minimum(peak_flops_per_s, np.asarray(intensity, dtype=float) * bandwidth)
 
 
@@ -42,9 +53,18 @@ def _as_list(value, length: int, what: str) -> list:
     return list(value)
 
 
-def roofline(ax, hardware, dtype="bf16", points: Mapping | None = None,
-             intensity_range=DEFAULT_INTENSITY_RANGE, mark_ridge: bool = True,
-             labels=None, colors=None, flops_unit: float = 1e9, flops_unit_name: str = "GFLOP/s") -> list[dict]:
+def roofline(
+    ax,
+    hardware,
+    dtype="bf16",
+    points: Mapping | None = None,
+    intensity_range=DEFAULT_INTENSITY_RANGE,
+    mark_ridge: bool = True,
+    labels=None,
+    colors=None,
+    flops_unit: float = 1e9,
+    flops_unit_name: str = "GFLOP/s",
+) -> list[dict]:
     """Draw the roofline of one or more chips on ``ax`` (log-log) and return what was drawn.
 
     hardware: a `Hardware`, a catalog name ("h100-sxm", "this"), or a list of them.
@@ -58,36 +78,69 @@ def roofline(ax, hardware, dtype="bf16", points: Mapping | None = None,
 
     Returns one dict per chip: name, dtype, bandwidth (bytes/s), peak (FLOP/s), ridge (FLOPs/byte).
     """
-    chips = [get_hardware(h) for h in (hardware if isinstance(hardware, (list, tuple)) else [hardware])]
+    chips = [
+        get_hardware(h) for h in (hardware if isinstance(hardware, (list, tuple)) else [hardware])
+    ]
     if not chips:
         raise ValueError("roofline needs at least one hardware entry, e.g. 'h100-sxm' or 'this'.")
     low, high = intensity_range
     if not 0 < low < high:
-        raise ValueError(f"intensity_range must be (low, high) with 0 < low < high, got {intensity_range!r}.")
+        raise ValueError(
+            f"intensity_range must be (low, high) with 0 < low < high, got {intensity_range!r}."
+        )
     dtypes = _as_list(dtype, len(chips), "dtype")
-    labels = _as_list(labels, len(chips), "labels") if labels is not None else [c.name for c in chips]
-    colors = (_as_list(colors, len(chips), "colors") if colors is not None
-              else [f"C{i}" for i in range(len(chips))])
+    labels = (
+        _as_list(labels, len(chips), "labels") if labels is not None else [c.name for c in chips]
+    )
+    colors = (
+        _as_list(colors, len(chips), "colors")
+        if colors is not None
+        else [f"C{i}" for i in range(len(chips))]
+    )
     intensity = np.geomspace(low, high, 400)
     drawn = []
     for chip, chip_dtype, label, color in zip(chips, dtypes, labels, colors):
         peak = peak_flops(chip, chip_dtype)
         ridge = peak / chip.memory_bandwidth
         roof = attainable_flops(intensity, peak, chip.memory_bandwidth)
-        ax.plot(intensity, roof / flops_unit, color=color, linewidth=2,
-                label=f"{label}: {chip.memory_bandwidth / 1e9:,.0f} GB/s, {peak / flops_unit:,.3g} {flops_unit_name}")
+        ax.plot(
+            intensity,
+            roof / flops_unit,
+            color=color,
+            linewidth=2,
+            label=f"{label}: {chip.memory_bandwidth / 1e9:,.0f} GB/s, {peak / flops_unit:,.3g} {flops_unit_name}",
+        )
         if mark_ridge and low <= ridge <= high:
             ax.axvline(ridge, color=color, linestyle=":", linewidth=1)
             ax.plot([ridge], [peak / flops_unit], "o", color=color, markersize=6)
-            ax.annotate(f"ridge {ridge:,.3g}", (ridge, peak / flops_unit), textcoords="offset points",
-                        xytext=(6, -14), color=color, fontsize=9)
-        drawn.append(dict(name=chip.name, dtype=chip_dtype, bandwidth=chip.memory_bandwidth,
-                          peak=peak, ridge=ridge))
+            ax.annotate(
+                f"ridge {ridge:,.3g}",
+                (ridge, peak / flops_unit),
+                textcoords="offset points",
+                xytext=(6, -14),
+                color=color,
+                fontsize=9,
+            )
+        drawn.append(
+            dict(
+                name=chip.name,
+                dtype=chip_dtype,
+                bandwidth=chip.memory_bandwidth,
+                peak=peak,
+                ridge=ridge,
+            )
+        )
     markers = "sD^vP*X"
     for index, (label, (xs, ys)) in enumerate((points or {}).items()):
-        ax.plot(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float) / flops_unit,
-                markers[index % len(markers)], color=f"C{len(chips) + index}", markersize=6,
-                label=label, linestyle="none")
+        ax.plot(
+            np.asarray(xs, dtype=float),
+            np.asarray(ys, dtype=float) / flops_unit,
+            markers[index % len(markers)],
+            color=f"C{len(chips) + index}",
+            markersize=6,
+            label=label,
+            linestyle="none",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(low, high)
@@ -98,9 +151,15 @@ def roofline(ax, hardware, dtype="bf16", points: Mapping | None = None,
     return drawn
 
 
-def memory_bar(ax, bars: Mapping[str, Mapping[str, float]], capacity: float | None = None,
-               capacity_label: str = "capacity", unit: str = "GB", horizontal: bool = True,
-               colors: Mapping[str, str] | None = None) -> dict[str, float]:
+def memory_bar(
+    ax,
+    bars: Mapping[str, Mapping[str, float]],
+    capacity: float | None = None,
+    capacity_label: str = "capacity",
+    unit: str = "GB",
+    horizontal: bool = True,
+    colors: Mapping[str, str] | None = None,
+) -> dict[str, float]:
     """Stacked bars of bytes, one bar per entry of ``bars``: ``{bar label: {part label: bytes}}``.
 
     Parts with the same label share a color and a legend entry across bars (e.g. "weights",
@@ -110,7 +169,9 @@ def memory_bar(ax, bars: Mapping[str, Mapping[str, float]], capacity: float | No
     if unit not in BYTE_UNITS:
         raise ValueError(f"Unknown unit {unit!r}; choose from {', '.join(BYTE_UNITS)}.")
     if not bars:
-        raise ValueError("memory_bar needs at least one bar, e.g. {'Llama 3 8B': {'weights': 16e9}}.")
+        raise ValueError(
+            "memory_bar needs at least one bar, e.g. {'Llama 3 8B': {'weights': 16e9}}."
+        )
     scale = BYTE_UNITS[unit]
     part_names = list(dict.fromkeys(part for parts in bars.values() for part in parts))
     colors = {**{part: f"C{i}" for i, part in enumerate(part_names)}, **(colors or {})}
@@ -132,7 +193,8 @@ def memory_bar(ax, bars: Mapping[str, Mapping[str, float]], capacity: float | No
         ax.set_xticks(positions, list(bars))
         ax.set_ylabel(axis_label)
     if capacity is not None:
-        (ax.axvline if horizontal else ax.axhline)(capacity / scale, color="black", linestyle="--",
-                                                   linewidth=1, label=capacity_label)
+        (ax.axvline if horizontal else ax.axhline)(
+            capacity / scale, color="black", linestyle="--", linewidth=1, label=capacity_label
+        )
     ax.legend(loc="best", fontsize=8)
     return dict(zip(bars, offsets.tolist()))

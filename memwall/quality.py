@@ -43,9 +43,9 @@ def eval_token_ids(tokenizer, max_tokens: int | None = None) -> list[int]:
 class Score:
     """Per-target results of one pass over a text: target i is token i + 1 of the text."""
 
-    nll: torch.Tensor          # [targets] float64, -log p(token | tokens before it)
+    nll: torch.Tensor  # [targets] float64, -log p(token | tokens before it)
     predictions: torch.Tensor  # [targets] the most likely next token at each position
-    targets: torch.Tensor      # [targets] the tokens that actually came next
+    targets: torch.Tensor  # [targets] the tokens that actually came next
 
     @property
     def perplexity(self) -> float:
@@ -56,10 +56,12 @@ class Score:
         """Fraction of positions where the top-1 prediction is the actual next token."""
         return (self.predictions == self.targets).double().mean().item()
 
-    def agreement(self, reference: "Score") -> float:
+    def agreement(self, reference: Score) -> float:
         """Fraction of positions where this model's top-1 prediction equals the reference's."""
         if not torch.equal(self.targets, reference.targets):
-            raise ValueError("the two scores are over different texts; score both models on the same token ids")
+            raise ValueError(
+                "the two scores are over different texts; score both models on the same token ids"
+            )
         return (self.predictions == reference.predictions).double().mean().item()
 
 
@@ -70,7 +72,9 @@ def score(model, token_ids, window: int = DEFAULT_WINDOW, stride: int | None = N
     window = _positive("window", window)
     stride = window if stride is None else _positive("stride", stride)
     if stride > window:
-        raise ValueError(f"stride ({stride}) must be <= window ({window}), or some tokens are never scored")
+        raise ValueError(
+            f"stride ({stride}) must be <= window ({window}), or some tokens are never scored"
+        )
     device = _device_of(model)
     nll, predictions = [], []
     scored, begin = 1, 0  # next target to score; token 0 has nothing before it
@@ -78,8 +82,8 @@ def score(model, token_ids, window: int = DEFAULT_WINDOW, stride: int | None = N
         end = min(begin + window, len(ids))
         logits = _logits(model, ids[begin:end].to(device)[None])[0]
         last = min(end, len(ids) - 1)  # the logits at position end - 1 predict token `end`
-        rows = logits[scored - 1 - begin:last - begin].float()
-        targets = ids[scored:last + 1].to(rows.device)
+        rows = logits[scored - 1 - begin : last - begin].float()
+        targets = ids[scored : last + 1].to(rows.device)
         log_probs = torch.log_softmax(rows, dim=-1)
         nll.append(-log_probs.gather(1, targets[:, None])[:, 0].double().cpu())
         predictions.append(rows.argmax(-1).cpu())
@@ -87,21 +91,27 @@ def score(model, token_ids, window: int = DEFAULT_WINDOW, stride: int | None = N
     return Score(torch.cat(nll), torch.cat(predictions), ids[1:].clone())
 
 
-def perplexity(model, token_ids=None, window: int = DEFAULT_WINDOW, stride: int | None = None) -> float:
+def perplexity(
+    model, token_ids=None, window: int = DEFAULT_WINDOW, stride: int | None = None
+) -> float:
     """exp(mean NLL) of `token_ids` under `model` (or of a `Score` already computed)."""
     return _score_of(model, token_ids, window, stride).perplexity
 
 
-def top1_agreement(model, reference, token_ids=None, window: int = DEFAULT_WINDOW,
-                   stride: int | None = None) -> float:
+def top1_agreement(
+    model, reference, token_ids=None, window: int = DEFAULT_WINDOW, stride: int | None = None
+) -> float:
     """Fraction of positions where `model` and `reference` predict the same next token.
 
     Either may be a `Score` already computed on the same token ids, which saves a pass.
     """
-    return _score_of(model, token_ids, window, stride).agreement(_score_of(reference, token_ids, window, stride))
+    return _score_of(model, token_ids, window, stride).agreement(
+        _score_of(reference, token_ids, window, stride)
+    )
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
+
 
 def _score_of(model_or_score, token_ids, window, stride) -> Score:
     if isinstance(model_or_score, Score):

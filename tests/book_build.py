@@ -145,14 +145,18 @@ def partial_build(execute: bool = True) -> BookBuild:
     root = workdir / "book-copy"
     toc = yaml.safe_load((root / "_toc.yml").read_text())
     for part in toc.get("parts", []):
-        part["chapters"] = [e for e in part["chapters"] if "file" not in e or source_path(e["file"], root)]
+        part["chapters"] = [
+            e for e in part["chapters"] if "file" not in e or source_path(e["file"], root)
+        ]
         part["chapters"] = [e for e in part["chapters"]
                             if "glob" not in e or list(root.glob(e["glob"] + ".ipynb"))]  # fmt: skip
     toc["parts"] = [part for part in toc["parts"] if part["chapters"]]
     (root / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
     config = yaml.safe_load((root / "_config.yml").read_text())
     if execute:  # keep executed chapters between partial builds: only changed ones rerun
-        config["execute"]["cache"] = str(Path(tempfile.gettempdir()) / "memwall-partial-jupyter-cache")
+        config["execute"]["cache"] = str(
+            Path(tempfile.gettempdir()) / "memwall-partial-jupyter-cache"
+        )
     else:
         config["execute"]["execute_notebooks"] = "off"
     (root / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -161,7 +165,9 @@ def partial_build(execute: bool = True) -> BookBuild:
 
 if __name__ == "__main__":
     if "--partial" not in sys.argv:
-        sys.exit("usage: python tests/book_build.py --partial [--no-execute]   (full build: make book)")
+        sys.exit(
+            "usage: python tests/book_build.py --partial [--no-execute]   (full build: make book)"
+        )
     build = partial_build(execute="--no-execute" not in sys.argv)
     print("\n".join(warning_lines(build.log)) or "no warnings")
     print(f"exit status {build.returncode}; site in {build.html_dir}")

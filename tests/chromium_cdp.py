@@ -55,7 +55,9 @@ class PageReport:
 class Chromium:
     """One headless browser process; `with Chromium(path) as browser: browser.open(url)`."""
 
-    def __init__(self, executable: str, width: int = 1280, height: int = 900, timeout_s: float = 60):
+    def __init__(
+        self, executable: str, width: int = 1280, height: int = 900, timeout_s: float = 60
+    ):
         self.width, self.height, self.timeout_s = width, height, timeout_s
         self._profile = tempfile.mkdtemp(prefix="memwall-chromium-")
         to_browser_r, self._to_browser = os.pipe()
@@ -121,13 +123,15 @@ class Chromium:
 
     # ---- pages ------------------------------------------------------------------------------
 
-    def open(self, url: str, settle_s: float = 1.0) -> "Tab":
+    def open(self, url: str, settle_s: float = 1.0) -> Tab:
         """Open url in a new tab, wait for its load event plus `settle_s`, and return the tab.
 
         Events are kept for the newest tab only: use one tab at a time, and close it when done.
         """
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
         tab = Tab(self, target, session, url)
         for domain in ("Page", "Runtime", "Log", "Network"):
             tab.send(f"{domain}.enable")
@@ -200,7 +204,9 @@ class Tab:
             elif method == "Runtime.exceptionThrown":
                 details = params["exceptionDetails"]
                 text = details.get("exception", {}).get("description") or details.get("text")
-                report.exceptions.append(f"{text} at {details.get('url', '?')}:{details.get('lineNumber')}")
+                report.exceptions.append(
+                    f"{text} at {details.get('url', '?')}:{details.get('lineNumber')}"
+                )
             elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
                 args = [a.get("value", a.get("description", "")) for a in params.get("args", [])]
                 report.console_errors.append(" ".join(str(a) for a in args))
@@ -220,7 +226,9 @@ class Tab:
         """
         width, height = self.browser.width, self.browser.height
         if full_page:
-            height = min(int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)")), 16000)
+            height = min(
+                int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)")), 16000
+            )
             self._set_viewport(width, height)
             self.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
                           await_promise=True)  # fmt: skip  # let the taller layout settle
@@ -233,5 +241,7 @@ class Tab:
             file.write(base64.b64decode(data))
 
     def _set_viewport(self, width: int, height: int) -> None:
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )

@@ -25,8 +25,18 @@ def tiny_hf():
     from memwall import models
     from memwall.specs import ModelSpec
 
-    spec = ModelSpec(name="tiny", n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
-                     d_ff=160, vocab_size=256, tied_embeddings=True, max_context=256)
+    spec = ModelSpec(
+        name="tiny",
+        n_layers=3,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        d_ff=160,
+        vocab_size=256,
+        tied_embeddings=True,
+        max_context=256,
+    )
     model = models.random_init(spec, dtype=torch.float32, seed=0)
     # Default init gives nearly flat logits, where greedy ties flip on rounding; sharpen them.
     with torch.no_grad():

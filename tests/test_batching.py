@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from memwall.engine import generate
-from memwall.engine.batch import decode_positions_and_mask, generate_batch, left_pad, prefill_positions_and_mask
+from memwall.engine.batch import (
+    decode_positions_and_mask,
+    generate_batch,
+    left_pad,
+    prefill_positions_and_mask,
+)
 
 
 def random_prompts(lengths, seed=0, vocab=256):
@@ -48,17 +53,24 @@ def test_tiny_equal_lengths_take_the_unmasked_path(tiny_engine):
 def test_stop_tokens_end_each_sequence_separately(tiny_engine):
     prompts = random_prompts([4, 9], seed=2)
     solo = [generate(tiny_engine, p, 20).tokens for p in prompts]
-    stop = solo[0][5]  # the first sequence stops at its 6th token; the other runs on unless it emits it
+    stop = solo[0][
+        5
+    ]  # the first sequence stops at its 6th token; the other runs on unless it emits it
     out = generate_batch(tiny_engine, prompts, 20, stop_tokens=(stop,))
     for tokens, reference in zip(out.tokens, solo):
         cut = reference.index(stop) + 1 if stop in reference else len(reference)
         assert tokens == reference[:cut]
 
 
-@pytest.mark.parametrize("prompts, new, message", [
-    ([], 4, "at least one prompt"), ([[1], []], 4, "at least one token"),
-    ([[1]], 0, "max_new_tokens"), ([[1] * 250], 10, "exceeds"),
-])
+@pytest.mark.parametrize(
+    "prompts, new, message",
+    [
+        ([], 4, "at least one prompt"),
+        ([[1], []], 4, "at least one token"),
+        ([[1]], 0, "max_new_tokens"),
+        ([[1] * 250], 10, "exceeds"),
+    ],
+)
 def test_bad_input_is_rejected(tiny_engine, prompts, new, message):
     with pytest.raises(ValueError, match=message):
         generate_batch(tiny_engine, prompts, new)
@@ -67,10 +79,12 @@ def test_bad_input_is_rejected(tiny_engine, prompts, new, message):
 @pytest.mark.slow
 def test_smollm2_batch_matches_solo_decoding(smollm2, smollm2_engine):
     _, tokenizer = smollm2
-    texts = ["The capital of France is",
-             "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-             "def fibonacci(n):",
-             "Memory bandwidth limits the speed of large language model inference because every token"]
+    texts = [
+        "The capital of France is",
+        "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+        "def fibonacci(n):",
+        "Memory bandwidth limits the speed of large language model inference because every token",
+    ]
     prompts = [tokenizer(t).input_ids for t in texts]
     assert len({len(p) for p in prompts}) == len(prompts)  # really different lengths
     out = generate_batch(smollm2_engine, prompts, 16)
@@ -82,12 +96,21 @@ def test_bench_batch_reports_every_batch_size_with_a_prediction(tiny_hf):
     from memwall.bench.batch import bench_batch
     from memwall.hardware import get_hardware
 
-    result = bench_batch(tiny_hf, [1, 3], context=5, new_tokens=3, repeats=1, warmup=0,
-                         hardware=get_hardware("laptop-100gbs"))
+    result = bench_batch(
+        tiny_hf,
+        [1, 3],
+        context=5,
+        new_tokens=3,
+        repeats=1,
+        warmup=0,
+        hardware=get_hardware("laptop-100gbs"),
+    )
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     for row in result["rows"]:
         assert row["tok_per_s"] > 0 and row["predicted_tok_per_s"] > 0
-        assert row["kv_bytes"] == row["batch"] * (5 + 2) * (2 * 3 * 2 * 16 * 4)  # mean context 5 + (3 + 1) / 2
+        assert row["kv_bytes"] == row["batch"] * (5 + 2) * (
+            2 * 3 * 2 * 16 * 4
+        )  # mean context 5 + (3 + 1) / 2
         assert row["bytes_per_step"] == row["weight_bytes"] + row["kv_bytes"]
     assert result["rows"][0]["speedup_over_first"] == 1
 

@@ -11,9 +11,22 @@ from memwall.bench import bench_decode, harness, workload
 from memwall.cli import main
 from memwall.specs import ModelSpec
 
-REQUIRED_FIELDS = ("engine", "device", "dtype", "prompt_tokens", "new_tokens", "ttft_ms", "ms_per_token",
-                   "tok_per_s", "weight_bytes", "kv_bytes", "bytes_per_step", "measured_bandwidth_bytes_per_s",
-                   "roofline_tok_per_s", "fraction_of_roofline")
+REQUIRED_FIELDS = (
+    "engine",
+    "device",
+    "dtype",
+    "prompt_tokens",
+    "new_tokens",
+    "ttft_ms",
+    "ms_per_token",
+    "tok_per_s",
+    "weight_bytes",
+    "kv_bytes",
+    "bytes_per_step",
+    "measured_bandwidth_bytes_per_s",
+    "roofline_tok_per_s",
+    "fraction_of_roofline",
+)
 FAKE_BANDWIDTH = 10e9  # bytes/s: the tests check arithmetic, so no need to measure the machine
 
 
@@ -23,24 +36,41 @@ def assert_consistent(result, config, prompt_tokens, new_tokens):
     assert len(result["ms_per_token_repeats"]) >= 1
     spec = ModelSpec.from_hf_config(config)
     assert result["kv_bytes_per_token"] == cost.kv_bytes_per_token(spec, "fp32")
-    assert math.isclose(result["kv_bytes"], result["kv_bytes_per_token"] * (prompt_tokens + new_tokens / 2))
+    assert math.isclose(
+        result["kv_bytes"], result["kv_bytes_per_token"] * (prompt_tokens + new_tokens / 2)
+    )
     assert math.isclose(result["bytes_per_step"], result["weight_bytes"] + result["kv_bytes"])
     bandwidth = result["measured_bandwidth_bytes_per_s"]
     assert math.isclose(result["roofline_tok_per_s"], bandwidth / result["bytes_per_step"])
-    assert math.isclose(result["fraction_of_roofline"], result["tok_per_s"] / result["roofline_tok_per_s"])
-    assert math.isclose(result["achieved_bandwidth_bytes_per_s"], result["tok_per_s"] * result["bytes_per_step"])
+    assert math.isclose(
+        result["fraction_of_roofline"], result["tok_per_s"] / result["roofline_tok_per_s"]
+    )
+    assert math.isclose(
+        result["achieved_bandwidth_bytes_per_s"], result["tok_per_s"] * result["bytes_per_step"]
+    )
 
 
 def test_compare_fields_and_arithmetic(tiny_hf):
-    result = bench_decode(tiny_hf, "compare", prompt_tokens=5, new_tokens=4, repeats=2, warmup=0,
-                          bandwidth=FAKE_BANDWIDTH, progress=False)
+    result = bench_decode(
+        tiny_hf,
+        "compare",
+        prompt_tokens=5,
+        new_tokens=4,
+        repeats=2,
+        warmup=0,
+        bandwidth=FAKE_BANDWIDTH,
+        progress=False,
+    )
     json.dumps(result)  # plain JSON types only
     assert result["engine"] == "compare" and result["device"] == "cpu" and result["dtype"] == "fp32"
     for engine in ("memwall", "hf"):
         assert all(field in result[engine] for field in REQUIRED_FIELDS if field not in result)
         assert len(result[engine]["ms_per_token_repeats"]) == 2
         assert_consistent(result[engine], tiny_hf.config, 5, 4)
-    assert math.isclose(result["memwall_over_hf_tok_per_s"], result["memwall"]["tok_per_s"] / result["hf"]["tok_per_s"])
+    assert math.isclose(
+        result["memwall_over_hf_tok_per_s"],
+        result["memwall"]["tok_per_s"] / result["hf"]["tok_per_s"],
+    )
     # Both engines read the same bytes, and the cost model agrees up to the one embedding row a
     # lookup reads (which it leaves out for a tied model, whose table is read whole as the head).
     assert result["memwall"]["weight_bytes"] == result["hf"]["weight_bytes"]
@@ -50,38 +80,64 @@ def test_compare_fields_and_arithmetic(tiny_hf):
 
 @pytest.mark.parametrize("engine", ["memwall", "hf"])
 def test_single_engine_result_is_flat(tiny_hf, engine):
-    result = bench_decode(tiny_hf, engine, prompt_tokens=3, new_tokens=3, repeats=1, warmup=1,
-                          bandwidth=FAKE_BANDWIDTH, progress=False)
+    result = bench_decode(
+        tiny_hf,
+        engine,
+        prompt_tokens=3,
+        new_tokens=3,
+        repeats=1,
+        warmup=1,
+        bandwidth=FAKE_BANDWIDTH,
+        progress=False,
+    )
     assert all(field in result for field in REQUIRED_FIELDS)
     assert result["engine"] == engine and result["new_tokens"] == 3 and result["prompt_tokens"] == 3
     assert_consistent(result, tiny_hf.config, 3, 3)
 
 
 def test_weight_bytes_of_an_untied_model():
-    spec = ModelSpec(name="untied", n_layers=2, d_model=32, n_heads=4, n_kv_heads=1, head_dim=8,
-                     d_ff=64, vocab_size=100, tied_embeddings=False, max_context=64)
+    spec = ModelSpec(
+        name="untied",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=8,
+        d_ff=64,
+        vocab_size=100,
+        tied_embeddings=False,
+        max_context=64,
+    )
     from memwall.models import random_init
 
     model = random_init(spec)
     # Every parameter but the input table, plus the one row a token looks up.
     assert workload.hf_weight_bytes_per_step(model) == (spec.n_params - 100 * 32 + 32) * 4
-    assert workload.hf_weight_bytes_per_step(model) == cost.weight_bytes(spec, "fp32", count_input_embedding=False)
+    assert workload.hf_weight_bytes_per_step(model) == cost.weight_bytes(
+        spec, "fp32", count_input_embedding=False
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(engine="vllm"), "choose from memwall, hf, compare"),
-    (dict(new_tokens=1), "new_tokens"),
-    (dict(prompt_tokens=0), "prompt_tokens"),
-    (dict(repeats=0), "repeats"),
-    (dict(prompt_tokens=250, new_tokens=10), "context of 256"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(engine="vllm"), "choose from memwall, hf, compare"),
+        (dict(new_tokens=1), "new_tokens"),
+        (dict(prompt_tokens=0), "prompt_tokens"),
+        (dict(repeats=0), "repeats"),
+        (dict(prompt_tokens=250, new_tokens=10), "context of 256"),
+    ],
+)
 def test_bad_arguments_raise_value_errors(tiny_hf, kwargs, message):
     with pytest.raises(ValueError, match=message):
         bench_decode(tiny_hf, **{"bandwidth": FAKE_BANDWIDTH, "progress": False, **kwargs})
 
 
 def test_options_resolve_with_clear_errors():
-    assert harness.resolve_dtype(None, "cpu") == "fp32" and harness.resolve_dtype(None, "cuda") == "bf16"
+    assert (
+        harness.resolve_dtype(None, "cpu") == "fp32"
+        and harness.resolve_dtype(None, "cuda") == "bf16"
+    )
     with pytest.raises(ValueError, match="choose from fp32, bf16, fp16"):
         harness.resolve_dtype("fp8", "cpu")
     with pytest.raises(ValueError, match="choose from cpu, cuda"):
@@ -100,7 +156,9 @@ def test_prompts_have_the_requested_length():
 
 def test_interleaving_medians_and_warmup():
     calls = []
-    runs = {name: (lambda name=name: calls.append(name) or {"t": len(calls)}) for name in ("a", "b")}
+    runs = {
+        name: (lambda name=name: calls.append(name) or {"t": len(calls)}) for name in ("a", "b")
+    }
     samples = harness.run_interleaved(runs, repeats=3, warmup=1, progress=False)
     assert calls == ["a", "b"] * 4  # round-robin, warm-up included
     assert [s["t"] for s in samples["a"]] == [3, 5, 7]  # warm-up dropped
@@ -115,8 +173,24 @@ def test_cli_without_a_benchmark_is_a_usage_error(capsys):
 
 @pytest.mark.slow
 def test_cli_decode_on_smollm2_prints_json(capsys):
-    code = main(["bench", "decode", "--model", "smollm2-135m", "--new-tokens", "4", "--prompt-tokens", "8",
-                 "--repeats", "1", "--warmup", "0", "--compare", "--json"])
+    code = main(
+        [
+            "bench",
+            "decode",
+            "--model",
+            "smollm2-135m",
+            "--new-tokens",
+            "4",
+            "--prompt-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--compare",
+            "--json",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model"] == "smollm2-135m" and result["device"] == "cpu"

@@ -7,8 +7,7 @@ and tests/test_browser.py opens the same site in Chromium.
 import re
 
 import pytest
-
-from book_build import HTML_DIR, REPO, built_book, missing_toc_files, toc_files, warning_lines
+from book_build import HTML_DIR, built_book, missing_toc_files, toc_files, warning_lines
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +21,9 @@ WIDGET_STATE = 'type="application/vnd.jupyter.widget-state+json"'
 def build():
     missing = missing_toc_files()
     if missing:
-        pytest.fail(f"_toc.yml lists pages that do not exist yet, so the book cannot build: {missing}")
+        pytest.fail(
+            f"_toc.yml lists pages that do not exist yet, so the book cannot build: {missing}"
+        )
     return built_book()
 
 
@@ -32,7 +33,9 @@ def page_html(entry: str) -> str:
 
 def test_build_succeeds(build):
     tail = "\n".join(build.log.splitlines()[-40:])
-    assert build.returncode == 0, f"jupyter-book build failed; log in _build/book-build.log:\n{tail}"
+    assert build.returncode == 0, (
+        f"jupyter-book build failed; log in _build/book-build.log:\n{tail}"
+    )
 
 
 def test_build_log_has_no_warnings(build):
@@ -60,9 +63,13 @@ def test_chapter_was_executed_and_shows_plots(build, chapter):
 def test_markdown_tables_in_outputs_render_as_tables(build, chapter):
     """display(Markdown(table)) outputs must become HTML tables, not a line of pipes."""
     # Each output block runs from its cell_output div to the start of the next cell.
-    outputs = [part.split('<div class="cell docutils container')[0]
-               for part in page_html(chapter).split('class="cell_output')[1:]]
-    assert any("<table" in output for output in outputs), f"{chapter}: no table among the cell outputs"
+    outputs = [
+        part.split('<div class="cell docutils container')[0]
+        for part in page_html(chapter).split('class="cell_output')[1:]
+    ]
+    assert any("<table" in output for output in outputs), (
+        f"{chapter}: no table among the cell outputs"
+    )
     # A table left as text keeps its "|---:|" rule, with the dashes typeset as an em dash.
     left_as_text = [output for output in outputs if re.search(r"\|\s*(?:-{3,}|—):?\s*\|", output)]
     assert not left_as_text, f"{chapter}: a markdown table was left as text"
@@ -71,8 +78,12 @@ def test_markdown_tables_in_outputs_render_as_tables(build, chapter):
 @pytest.mark.parametrize("chapter", CHAPTER_PAGES)
 def test_chapter_has_launch_buttons(build, chapter):
     html = page_html(chapter)
-    assert re.search(rf'href="https://mybinder\.org/v2/gh/[^"]+urlpath=lab/tree/{chapter}\.ipynb"', html)
-    assert re.search(rf'href="https://colab\.research\.google\.com/github/[^"]+/{chapter}\.ipynb"', html)
+    assert re.search(
+        rf'href="https://mybinder\.org/v2/gh/[^"]+urlpath=lab/tree/{chapter}\.ipynb"', html
+    )
+    assert re.search(
+        rf'href="https://colab\.research\.google\.com/github/[^"]+/{chapter}\.ipynb"', html
+    )
 
 
 def test_colab_install_cell_is_hidden(build):
@@ -124,4 +135,3 @@ def test_intro_links_every_chapter(build):
     intro = page_html("book/intro")
     for chapter in CHAPTER_PAGES:
         assert f'href="../{chapter}.html"' in intro, chapter
-

@@ -16,7 +16,6 @@ import threading
 from urllib.parse import urlparse
 
 import pytest
-
 from book_build import REPO, built_book, missing_toc_files, toc_files
 from chromium_cdp import Chromium, find_chromium
 
@@ -67,7 +66,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def site_url():
     if find_chromium() is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium; `make test` does it as root)")
+        pytest.skip(
+            "Chromium is not installed (Debian: apt-get install chromium; `make test` does it as root)"
+        )
     if missing_toc_files():
         pytest.fail(f"_toc.yml lists pages that do not exist yet: {missing_toc_files()}")
     build = built_book()
@@ -117,20 +118,27 @@ def test_page_in_browser(browser, site_url, page):
         report = tab.report()
         broken_images = tab.evaluate(BROKEN_IMAGES)
         launch_links = tab.evaluate(LAUNCH_LINKS)
-        title = tab.evaluate("document.querySelector('h1') ? document.querySelector('h1').textContent : ''")
+        title = tab.evaluate(
+            "document.querySelector('h1') ? document.querySelector('h1').textContent : ''"
+        )
     finally:
         tab.close()
 
     assert not report.exceptions, f"JavaScript exceptions on {page}: {report.exceptions}"
     assert not local_errors(report), f"errors on {page}: {local_errors(report)}"
     assert not broken_images, f"images that did not load on {page}: {broken_images}"
-    assert state["drawn"] >= state["views"], f"{page}: {state['drawn']} of {state['views']} widgets drawn"
-    assert state["rendered"] >= state["math"], f"{page}: {state['rendered']} of {state['math']} formulas typeset"
-    assert not state["math_errors"], f"{page}: {state['math_errors']} formulas MathJax could not parse"
+    assert state["drawn"] >= state["views"], (
+        f"{page}: {state['drawn']} of {state['views']} widgets drawn"
+    )
+    assert state["rendered"] >= state["math"], (
+        f"{page}: {state['rendered']} of {state['math']} formulas typeset"
+    )
+    assert not state["math_errors"], (
+        f"{page}: {state['math_errors']} formulas MathJax could not parse"
+    )
     assert title.strip(), f"{page} has no title"
     if page in NOTEBOOK_PAGES:
         assert any(link.startswith("https://mybinder.org/v2/gh/") and link.endswith(f"{page}.ipynb")
                    for link in launch_links), f"no Binder button on {page}: {launch_links}"  # fmt: skip
         assert any(link.startswith("https://colab.research.google.com/github/") and link.endswith(f"{page}.ipynb")
                    for link in launch_links), f"no Colab button on {page}: {launch_links}"  # fmt: skip
-

@@ -16,7 +16,9 @@ from memwall.hardware import CATALOG as HARDWARE
 from memwall.specs import CATALOG as MODELS
 from memwall.widgets import calculator, static_calculator
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's JavaScript")
+pytestmark = pytest.mark.skipif(
+    shutil.which("node") is None, reason="needs node to run the page's JavaScript"
+)
 
 RTOL = 1e-9
 PAGE = static_calculator.html(element_id="calc-under-test")
@@ -71,25 +73,40 @@ console.log(JSON.stringify({ grid, page }));
 """
 
 INTERACTIONS = [
-    ("gpu", "a100-40gb", "change"), ("dtype", "int4-g128", "change"), ("kvDtype", "fp8", "change"),
-    ("kvHeads", "1", "change"), ("users", "300", "input"), ("contextSlider", "15", "input"),
-    ("model", "gpt2", "change"),          # context clamps to 1024, KV heads back to "as published"
-    ("model", "llama-2-70b", "change"), ("kvHeads", "64", "change"), ("context", "4096", "input"),
-    ("gpu", "l4", "change"),              # 140 GB of weights do not fit in 24 GB
-    ("model", "mixtral-8x7b", "change"), ("gpu", "h200", "change"), ("usersSlider", "6", "input"),
-    ("context", "40000", "input"),        # beyond Mixtral's 32768: the page shows the error
+    ("gpu", "a100-40gb", "change"),
+    ("dtype", "int4-g128", "change"),
+    ("kvDtype", "fp8", "change"),
+    ("kvHeads", "1", "change"),
+    ("users", "300", "input"),
+    ("contextSlider", "15", "input"),
+    ("model", "gpt2", "change"),  # context clamps to 1024, KV heads back to "as published"
+    ("model", "llama-2-70b", "change"),
+    ("kvHeads", "64", "change"),
+    ("context", "4096", "input"),
+    ("gpu", "l4", "change"),  # 140 GB of weights do not fit in 24 GB
+    ("model", "mixtral-8x7b", "change"),
+    ("gpu", "h200", "change"),
+    ("usersSlider", "6", "input"),
+    ("context", "40000", "input"),  # beyond Mixtral's 32768: the page shows the error
 ]
 
 
 def script_of(page: str) -> str:
-    return page[page.index("<script>") + len("<script>"):page.rindex("</script>")]
+    return page[page.index("<script>") + len("<script>") : page.rindex("</script>")]
 
 
 def run_page(cases, interactions=()):
     source = FAKE_DOM + script_of(PAGE) + HARNESS
-    request = json.dumps({"config": static_calculator.extract_config(PAGE), "cases": cases,
-                          "interactions": list(interactions)})
-    done = subprocess.run(["node", "-e", source], input=request, capture_output=True, text=True, timeout=120)
+    request = json.dumps(
+        {
+            "config": static_calculator.extract_config(PAGE),
+            "cases": cases,
+            "interactions": list(interactions),
+        }
+    )
+    done = subprocess.run(
+        ["node", "-e", source], input=request, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -104,25 +121,100 @@ def python_result(inputs):
 
 def grid_cases():
     """Every model on every GPU at defaults, then a seeded random sweep over all the inputs."""
-    cases = [dict(model=m, hardware=h, dtype="bf16", kv_dtype=None, context=min(4096, MODELS[m].max_context),
-                  batch=8, kv_heads=None) for m, h in itertools.product(MODELS, HARDWARE)]
+    cases = [
+        dict(
+            model=m,
+            hardware=h,
+            dtype="bf16",
+            kv_dtype=None,
+            context=min(4096, MODELS[m].max_context),
+            batch=8,
+            kv_heads=None,
+        )
+        for m, h in itertools.product(MODELS, HARDWARE)
+    ]
     rng = random.Random(5)
     kv_dtypes = [value for _, value in calculator.KV_DTYPES]
     for _ in range(1500):
         model = rng.choice(list(MODELS))
         spec = MODELS[model]
-        cases.append(dict(model=model, hardware=rng.choice(list(HARDWARE)), dtype=rng.choice(calculator.WEIGHT_DTYPES),
-                          kv_dtype=rng.choice(kv_dtypes), context=rng.randint(1, spec.max_context),
-                          batch=rng.choice([1, 2, 7, 16, 64, 256, 1000, rng.randint(1, 5000)]),
-                          kv_heads=rng.choice([None, *calculator.kv_head_choices(model)])))
+        cases.append(
+            dict(
+                model=model,
+                hardware=rng.choice(list(HARDWARE)),
+                dtype=rng.choice(calculator.WEIGHT_DTYPES),
+                kv_dtype=rng.choice(kv_dtypes),
+                context=rng.randint(1, spec.max_context),
+                batch=rng.choice([1, 2, 7, 16, 64, 256, 1000, rng.randint(1, 5000)]),
+                kv_heads=rng.choice([None, *calculator.kv_head_choices(model)]),
+            )
+        )
     # the worked numbers of DESIGN.md, and inputs both sides must refuse
-    cases += [dict(model="llama-3-8b", hardware="h100-sxm", dtype="bf16", kv_dtype=None, context=1, batch=1, kv_heads=None),
-              dict(model="llama-3.2-1b", hardware="laptop-100gbs", dtype="int4", kv_dtype=None, context=8192, batch=16, kv_heads=None),
-              dict(model="gpt2", hardware="t4", dtype="bf16", kv_dtype=None, context=1025, batch=1, kv_heads=None),
-              dict(model="llama-3-8b", hardware="h100-sxm", dtype="int3", kv_dtype=None, context=10, batch=1, kv_heads=None),
-              dict(model="llama-3-8b", hardware="h100-sxm", dtype="bf16", kv_dtype=None, context=10, batch=1, kv_heads=5),
-              dict(model="llama-3-8b", hardware="h100-sxm", dtype="bf16", kv_dtype=None, context=0, batch=1, kv_heads=None),
-              dict(model="llama-3-8b", hardware="tpu", dtype="bf16", kv_dtype=None, context=10, batch=1, kv_heads=None)]
+    cases += [
+        dict(
+            model="llama-3-8b",
+            hardware="h100-sxm",
+            dtype="bf16",
+            kv_dtype=None,
+            context=1,
+            batch=1,
+            kv_heads=None,
+        ),
+        dict(
+            model="llama-3.2-1b",
+            hardware="laptop-100gbs",
+            dtype="int4",
+            kv_dtype=None,
+            context=8192,
+            batch=16,
+            kv_heads=None,
+        ),
+        dict(
+            model="gpt2",
+            hardware="t4",
+            dtype="bf16",
+            kv_dtype=None,
+            context=1025,
+            batch=1,
+            kv_heads=None,
+        ),
+        dict(
+            model="llama-3-8b",
+            hardware="h100-sxm",
+            dtype="int3",
+            kv_dtype=None,
+            context=10,
+            batch=1,
+            kv_heads=None,
+        ),
+        dict(
+            model="llama-3-8b",
+            hardware="h100-sxm",
+            dtype="bf16",
+            kv_dtype=None,
+            context=10,
+            batch=1,
+            kv_heads=5,
+        ),
+        dict(
+            model="llama-3-8b",
+            hardware="h100-sxm",
+            dtype="bf16",
+            kv_dtype=None,
+            context=0,
+            batch=1,
+            kv_heads=None,
+        ),
+        dict(
+            model="llama-3-8b",
+            hardware="tpu",
+            dtype="bf16",
+            kv_dtype=None,
+            context=10,
+            batch=1,
+            kv_heads=None,
+        ),
+    ]
     return cases
 
 
@@ -133,7 +225,9 @@ def assert_same(expected, got, where):
         if isinstance(want, bool) or isinstance(want, str):
             assert have == want, f"{where}: {key} is {have!r} in JS, {want!r} in Python"
         else:
-            assert math.isclose(have, want, rel_tol=RTOL), f"{where}: {key} is {have!r} in JS, {want!r} in Python"
+            assert math.isclose(have, want, rel_tol=RTOL), (
+                f"{where}: {key} is {have!r} in JS, {want!r} in Python"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +243,9 @@ def test_every_figure_and_every_displayed_string_matches_python(grid_run):
         py = python_result(inputs)
         if "error" in py:
             errors += 1
-            assert "error" in js, f"{inputs}: Python refused ({py['error']}) but the page computed {js}"
+            assert "error" in js, (
+                f"{inputs}: Python refused ({py['error']}) but the page computed {js}"
+            )
             continue
         assert "error" not in js, f"{inputs}: the page failed with {js['error']}"
         assert_same(py["figures"], js["figures"], inputs)
@@ -161,17 +257,26 @@ def test_the_figures_are_memwall_cost_calc(grid_run):
     """The calculator adds to cost.calc's dict, never changes it."""
     for inputs in grid_run[0][:40]:
         f = calculator.figures(**inputs)
-        assert {key: f[key] for key in cost.calc("gpt2", "t4")} == cost.calc(**{
-            "model": inputs["model"], "hardware": inputs["hardware"], "dtype": inputs["dtype"],
-            "kv_dtype": inputs["kv_dtype"], "context": inputs["context"], "batch": inputs["batch"],
-            "kv_heads": inputs["kv_heads"]})
+        assert {key: f[key] for key in cost.calc("gpt2", "t4")} == cost.calc(
+            **{
+                "model": inputs["model"],
+                "hardware": inputs["hardware"],
+                "dtype": inputs["dtype"],
+                "kv_dtype": inputs["kv_dtype"],
+                "context": inputs["context"],
+                "batch": inputs["batch"],
+                "kv_heads": inputs["kv_heads"],
+            }
+        )
 
 
 def test_worked_numbers_appear_on_the_page(grid_run):
     cases, result = grid_run
     first = result["grid"][-7]  # llama-3-8b, h100, bf16, one token
     assert first["figures"]["weight_storage_bytes"] == pytest.approx(16.06e9, rel=1e-3)
-    assert first["figures"]["tokens_per_s_per_user"] == pytest.approx(208.6, rel=1e-3)  # DESIGN: about 210
+    assert first["figures"]["tokens_per_s_per_user"] == pytest.approx(
+        208.6, rel=1e-3
+    )  # DESIGN: about 210
     assert first["displayed"]["kv_per_token"] == "128 KiB"
     laptop = result["grid"][-6]  # Llama 3.2 1B: 16 layers, 8 KV heads, head dim 64
     assert laptop["displayed"]["kv_per_token"] == "32.0 KiB"
@@ -182,9 +287,15 @@ def test_the_page_shows_what_python_computes_after_each_interaction(grid_run):
     assert len(pages) == len(INTERACTIONS) + 1
     for number, page in enumerate(pages):
         state = page["state"]
-        inputs = dict(model=state["model"], hardware=state["hardware"], dtype=state["dtype"],
-                      kv_dtype=state["kv_dtype"] or None, context=int(state["context"]), batch=int(state["batch"]),
-                      kv_heads=int(state["kv_heads"]) if state["kv_heads"] else None)
+        inputs = dict(
+            model=state["model"],
+            hardware=state["hardware"],
+            dtype=state["dtype"],
+            kv_dtype=state["kv_dtype"] or None,
+            context=int(state["context"]),
+            batch=int(state["batch"]),
+            kv_heads=int(state["kv_heads"]) if state["kv_heads"] else None,
+        )
         py = python_result(inputs)
         if "error" in py:
             assert page["error"] == py["error"] and page["text"] == {}, (number, page)
@@ -192,9 +303,13 @@ def test_the_page_shows_what_python_computes_after_each_interaction(grid_run):
             assert page["error"] is None and page["text"] == py["displayed"], (number, inputs)
     states = [page["state"] for page in pages]
     assert states[0]["model"] == calculator.DEFAULTS["model"] and states[0]["context"] == "8192"
-    assert states[6]["context"] == "32768"                                    # slider at 2^15
-    assert states[7]["context"] == "1024" and states[7]["kv_heads"] == ""     # gpt2 clamps, heads reset
-    assert pages[11]["text"]["free"].startswith("short by") and pages[11]["text"]["max_users"] == "0"
+    assert states[6]["context"] == "32768"  # slider at 2^15
+    assert (
+        states[7]["context"] == "1024" and states[7]["kv_heads"] == ""
+    )  # gpt2 clamps, heads reset
+    assert (
+        pages[11]["text"]["free"].startswith("short by") and pages[11]["text"]["max_users"] == "0"
+    )
     assert "exceeds mixtral-8x7b's maximum of 32768" in pages[-1]["error"]
 
 
@@ -212,13 +327,22 @@ def test_the_page_is_self_contained():
 
 # ---- the ipywidgets version ---------------------------------------------------------------------------
 
+
 def widget_parts(widget):
     rows = widget.children
     model, gpu = rows[0].children
     dtype, kv_dtype = rows[1].children
     context, users = rows[2].children
-    return dict(model=model, gpu=gpu, dtype=dtype, kv_dtype=kv_dtype, context=context, users=users,
-                kv_heads=rows[3], output=rows[4])
+    return dict(
+        model=model,
+        gpu=gpu,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        context=context,
+        users=users,
+        kv_heads=rows[3],
+        output=rows[4],
+    )
 
 
 def assert_widget_shows(parts, **inputs):
@@ -227,7 +351,8 @@ def assert_widget_shows(parts, **inputs):
     import html
 
     assert {label: html.unescape(value) for label, value in shown.items()} == {
-        label: text[key] for label, key in calculator.RESULT_ROWS}
+        label: text[key] for label, key in calculator.RESULT_ROWS
+    }
 
 
 def test_widget_shows_the_python_figures_and_follows_its_controls():
@@ -240,13 +365,23 @@ def test_widget_shows_the_python_figures_and_follows_its_controls():
     assert_widget_shows(parts, **{**calculator.DEFAULTS, "kv_heads": 1, "batch": 64})
     parts["model"].value = "gpt2"  # context clamps to 1024; 1 KV head is not a gpt2 choice
     assert parts["context"].value == 1024 and parts["kv_heads"].value is None
-    assert_widget_shows(parts, **{**calculator.DEFAULTS, "model": "gpt2", "context": 1024, "batch": 64})
+    assert_widget_shows(
+        parts, **{**calculator.DEFAULTS, "model": "gpt2", "context": 1024, "batch": 64}
+    )
     parts["model"].value = "llama-2-70b"
     parts["gpu"].value = "l4"
     parts["dtype"].value = "int4-g128"
     parts["kv_dtype"].value = "fp8"
-    assert_widget_shows(parts, model="llama-2-70b", hardware="l4", dtype="int4-g128", kv_dtype="fp8",
-                        context=1024, batch=64, kv_heads=None)
+    assert_widget_shows(
+        parts,
+        model="llama-2-70b",
+        hardware="l4",
+        dtype="int4-g128",
+        kv_dtype="fp8",
+        context=1024,
+        batch=64,
+        kv_heads=None,
+    )
     assert "short by" in parts["output"].value and 'class="mw-limit"' in parts["output"].value
 
 
@@ -259,8 +394,13 @@ def test_widget_rejects_unknown_inputs():
 
 def test_formatting_rounds_half_up_and_groups_thousands():
     assert calculator.format_number(0.125) == "0.125"
-    assert calculator.format_number(2.675) in ("2.67", "2.68")  # binary 2.675 is just below; JS agrees (grid)
+    assert calculator.format_number(2.675) in (
+        "2.67",
+        "2.68",
+    )  # binary 2.675 is just below; JS agrees (grid)
     assert calculator.format_number(1234.5) == "1,235"
     assert calculator.format_bytes(80e9) == "80.0 GB" and calculator.format_bytes(512) == "512 B"
     assert calculator.format_bytes(0) == "0 B"
-    assert calculator.kv_head_choices("smollm2-135m") == [1, 3, 9] and calculator.kv_head_choices("gpt2") == [12]
+    assert calculator.kv_head_choices("smollm2-135m") == [1, 3, 9] and calculator.kv_head_choices(
+        "gpt2"
+    ) == [12]

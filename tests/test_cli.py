@@ -10,8 +10,19 @@ import pytest
 
 from memwall import cli, cost
 
-CALC = ["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--dtype", "bf16",
-        "--context", "8192", "--batch", "16"]
+CALC = [
+    "calc",
+    "--model",
+    "llama-3-8b",
+    "--hardware",
+    "h100-sxm",
+    "--dtype",
+    "bf16",
+    "--context",
+    "8192",
+    "--batch",
+    "16",
+]
 
 
 def run(capsys, *argv):
@@ -33,13 +44,30 @@ def test_calc_json_matches_the_cost_model(capsys):
 
 
 def test_calc_options_reach_the_cost_model(capsys):
-    code, out, _ = run(capsys, "calc", "--model", "llama-3-8b", "--hardware", "l4", "--dtype", "int4",
-                       "--kv-dtype", "int8", "--kv-heads", "1", "--context", "100", "--json")
+    code, out, _ = run(
+        capsys,
+        "calc",
+        "--model",
+        "llama-3-8b",
+        "--hardware",
+        "l4",
+        "--dtype",
+        "int4",
+        "--kv-dtype",
+        "int8",
+        "--kv-heads",
+        "1",
+        "--context",
+        "100",
+        "--json",
+    )
     assert code == 0
     result = json.loads(out)
     assert (result["dtype"], result["kv_dtype"], result["n_kv_heads"]) == ("int4", "int8", 1)
     assert result["kv_bytes_per_token"] == 2 * 32 * 1 * 128 * 1
-    assert result == json.loads(json.dumps(cost.calc("llama-3-8b", "l4", "int4", 100, 1, "int8", 1)))
+    assert result == json.loads(
+        json.dumps(cost.calc("llama-3-8b", "l4", "int4", 100, 1, "int8", 1))
+    )
 
 
 def test_calc_table_is_readable(capsys):
@@ -58,18 +86,27 @@ def test_calc_says_when_weights_do_not_fit(capsys):
     assert code == 0 and "does NOT fit" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["calc", "--model", "llama-9", "--hardware", "h100-sxm"], "llama-3-8b"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "tpu"], "h100-sxm"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "9000"], "8192"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "-5"], "context"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--batch", "0"], "batch"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--dtype", "fp64"], "bf16"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--kv-heads", "3"], "multiple"),
-    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "lots"], "invalid int"),
-    (["calc", "--model", "llama-3-8b"], "--hardware"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["calc", "--model", "llama-9", "--hardware", "h100-sxm"], "llama-3-8b"),
+        (["calc", "--model", "llama-3-8b", "--hardware", "tpu"], "h100-sxm"),
+        (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "9000"], "8192"),
+        (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "-5"], "context"),
+        (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--batch", "0"], "batch"),
+        (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--dtype", "fp64"], "bf16"),
+        (
+            ["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--kv-heads", "3"],
+            "multiple",
+        ),
+        (
+            ["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--context", "lots"],
+            "invalid int",
+        ),
+        (["calc", "--model", "llama-3-8b"], "--hardware"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
@@ -94,7 +131,9 @@ def test_info_json(capsys):
     for key in ("device", "device_type", "torch_version", "threads", "bandwidth", "flops"):
         assert key in result
     assert result["bandwidth"] > 1e9 and result["flops"]["fp32"] > 1e9
-    assert result["ridge_point"]["fp32"] == pytest.approx(result["flops"]["fp32"] / result["bandwidth"])
+    assert result["ridge_point"]["fp32"] == pytest.approx(
+        result["flops"]["fp32"] / result["bandwidth"]
+    )
 
 
 def test_info_table(capsys):
@@ -104,23 +143,36 @@ def test_info_table(capsys):
 
 
 def test_calc_on_this_machine(capsys):
-    code, out, _ = run(capsys, "calc", "--model", "smollm2-135m", "--hardware", "this", "--quick",
-                       "--dtype", "fp32", "--json")
+    code, out, _ = run(
+        capsys,
+        "calc",
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "this",
+        "--quick",
+        "--dtype",
+        "fp32",
+        "--json",
+    )
     assert code == 0
     result = json.loads(out)
     assert result["hardware"].startswith("this-") and result["weight_bytes"] == 538_060_032
 
 
 def test_plugin_commands_register_themselves(capsys, monkeypatch, tmp_path):
-    (tmp_path / "memwall_test_plugin.py").write_text(textwrap.dedent("""
+    (tmp_path / "memwall_test_plugin.py").write_text(
+        textwrap.dedent("""
         def register_cli(subparsers):
             parser = subparsers.add_parser("hello", help="say hello")
             parser.add_argument("--name", default="world")
             parser.set_defaults(run=lambda args: print("hello", args.name))
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "PLUGIN_COMMANDS", {"hello": "memwall_test_plugin",
-                                                 "later": "memwall_not_written_yet"})
+    monkeypatch.setattr(
+        cli, "PLUGIN_COMMANDS", {"hello": "memwall_test_plugin", "later": "memwall_not_written_yet"}
+    )
     assert run(capsys, "hello", "--name", "memwall")[:2] == (0, "hello memwall\n")
     assert "say hello" in run(capsys, "--help")[1]
     assert run(capsys, *CALC, "--json")[0] == 0  # a missing plugin module breaks nothing
@@ -130,9 +182,19 @@ def test_console_script():
     script = Path(sys.executable).with_name("memwall")
     if not script.exists():
         pytest.skip("memwall console script not installed next to this Python")
-    done = subprocess.run([str(script), *CALC, "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(script), *CALC, "--json"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["max_users"] == 59
-    bad = subprocess.run([str(script), "calc", "--model", "nope", "--hardware", "h100-sxm"],
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.startswith("memwall: error:") and "Traceback" not in bad.stderr
+    bad = subprocess.run(
+        [str(script), "calc", "--model", "nope", "--hardware", "h100-sxm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("memwall: error:")
+        and "Traceback" not in bad.stderr
+    )

@@ -6,16 +6,28 @@ import pytest
 
 from memwall import cost
 from memwall.hardware import CATALOG as HARDWARE
-from memwall.specs import CATALOG as MODELS, ModelSpec
+from memwall.specs import CATALOG as MODELS
+from memwall.specs import ModelSpec
 
 KiB = 1024
 
 # DESIGN.md's KV example: 16 layers, 8 KV heads, head dim 128 (the other fields don't enter the KV math).
-KV_EXAMPLE = ModelSpec(name="kv-example", n_layers=16, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
-                       d_ff=14336, vocab_size=32000, tied_embeddings=False, max_context=8192)
+KV_EXAMPLE = ModelSpec(
+    name="kv-example",
+    n_layers=16,
+    d_model=4096,
+    n_heads=32,
+    n_kv_heads=8,
+    head_dim=128,
+    d_ff=14336,
+    vocab_size=32000,
+    tied_embeddings=False,
+    max_context=8192,
+)
 
 
 # ---- the worked numbers ------------------------------------------------------------------------
+
 
 def test_one_billion_params_in_16_bit_is_2_gb():
     assert cost.weight_bytes_for_params(1e9, "bf16") == 2e9
@@ -31,9 +43,13 @@ def test_kv_cache_worked_example():
 
 def test_100_gbs_ceilings_for_a_2_gb_model_and_its_4_bit_version():
     laptop = HARDWARE["laptop-100gbs"]
-    assert cost.bandwidth_bound_tokens_per_s(cost.weight_bytes_for_params(1e9, "bf16"), laptop) == 50
+    assert (
+        cost.bandwidth_bound_tokens_per_s(cost.weight_bytes_for_params(1e9, "bf16"), laptop) == 50
+    )
     assert cost.weight_bytes_for_params(1e9, "int4") == 0.5e9
-    assert cost.bandwidth_bound_tokens_per_s(cost.weight_bytes_for_params(1e9, "int4"), laptop) == 200
+    assert (
+        cost.bandwidth_bound_tokens_per_s(cost.weight_bytes_for_params(1e9, "int4"), laptop) == 200
+    )
 
 
 def test_llama_3_8b_on_h100_sxm():
@@ -53,6 +69,7 @@ def test_h100_ridge_point_and_batch_1_intensity():
 
 # ---- dtypes ----------------------------------------------------------------------------------
 
+
 def test_bytes_per_element():
     assert cost.bytes_per_element("fp32") == 4
     assert cost.bytes_per_element("int8") == 1
@@ -68,6 +85,7 @@ def test_unknown_dtype_names_the_choices(dtype):
 
 # ---- weights ---------------------------------------------------------------------------------
 
+
 def test_weight_bytes_is_params_times_bytes():
     for spec in MODELS.values():
         if spec.n_experts == 1:
@@ -80,7 +98,9 @@ def test_untied_input_embedding_can_be_counted_as_rows():
     rows_only = cost.weight_bytes("llama-3-8b", "bf16", count_input_embedding=False)
     assert full - rows_only == 2 * (128256 * 4096 - 4096)  # table out, one row in
     # A tied table is read whole as the output head, so nothing changes.
-    assert cost.weight_bytes("smollm2-135m", count_input_embedding=False) == cost.weight_bytes("smollm2-135m")
+    assert cost.weight_bytes("smollm2-135m", count_input_embedding=False) == cost.weight_bytes(
+        "smollm2-135m"
+    )
 
 
 def test_mixture_of_experts_reads_active_experts_at_batch_1_and_most_at_large_batch():
@@ -88,11 +108,14 @@ def test_mixture_of_experts_reads_active_experts_at_batch_1_and_most_at_large_ba
     assert cost.weight_bytes(mixtral, "bf16") == pytest.approx(2 * mixtral.n_params_active)
     assert cost.expected_experts_touched(mixtral, 1) == 2
     assert cost.expected_experts_touched(mixtral, 64) == pytest.approx(8, rel=1e-6)
-    assert cost.weight_bytes(mixtral, "bf16", tokens=64) == pytest.approx(2 * mixtral.n_params, rel=1e-6)
+    assert cost.weight_bytes(mixtral, "bf16", tokens=64) == pytest.approx(
+        2 * mixtral.n_params, rel=1e-6
+    )
     assert cost.weight_storage_bytes(mixtral, "bf16") == 2 * mixtral.n_params
 
 
 # ---- one step --------------------------------------------------------------------------------
+
 
 def test_batching_reads_weights_once():
     one, sixteen = cost.step("llama-3-8b", batch=1), cost.step("llama-3-8b", batch=16)
@@ -150,15 +173,21 @@ def test_missing_16_bit_rate_falls_back_without_underestimating_speed():
 
 # ---- memory budget ---------------------------------------------------------------------------
 
+
 def test_memory_budget():
     weights = cost.weight_storage_bytes("llama-3-8b", "bf16")
     per_user = cost.kv_cache_bytes("llama-3-8b", 8192)
-    assert cost.memory_budget("llama-3-8b", "h100-sxm", 8192) == int((80e9 - weights) // per_user) == 59
+    assert (
+        cost.memory_budget("llama-3-8b", "h100-sxm", 8192)
+        == int((80e9 - weights) // per_user)
+        == 59
+    )
     assert cost.memory_budget("llama-3-70b", "h100-sxm", 1024) == 0  # 141 GB of weights don't fit
     assert cost.memory_budget("llama-3-70b", "h100-sxm", 1024, weight_dtype="int4") > 0
 
 
 # ---- calc ------------------------------------------------------------------------------------
+
 
 def test_calc_summarises_the_ledger():
     result = cost.calc("llama-3-8b", "h100-sxm", "bf16", context=8192, batch=16)
@@ -170,7 +199,9 @@ def test_calc_summarises_the_ledger():
     assert result["tokens_per_s_total"] == pytest.approx(16 * result["tokens_per_s_per_user"])
     assert result["bound"] == "memory"
     assert result["fits"] is True and result["max_users"] == 59
-    assert result["memory_needed_bytes"] == result["weight_storage_bytes"] + result["kv_bytes_total"]
+    assert (
+        result["memory_needed_bytes"] == result["weight_storage_bytes"] + result["kv_bytes_total"]
+    )
 
 
 def test_calc_with_fewer_kv_heads_shrinks_the_cache():
@@ -187,22 +218,38 @@ def test_calc_reports_when_it_does_not_fit():
 
 # ---- bad input -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch": 0}, "batch"), ({"batch": -3}, "batch"), ({"batch": 1.5}, "batch"),
-    ({"context": -1}, "context"), ({"new_tokens": 0}, "new_tokens"),
-    ({"context": 8192}, "maximum of 8192"),  # 8192 cached + 1 new is one too many
-    ({"weight_dtype": "fp64"}, "choose from"), ({"kv_dtype": "int2"}, "choose from"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch": 0}, "batch"),
+        ({"batch": -3}, "batch"),
+        ({"batch": 1.5}, "batch"),
+        ({"context": -1}, "context"),
+        ({"new_tokens": 0}, "new_tokens"),
+        ({"context": 8192}, "maximum of 8192"),  # 8192 cached + 1 new is one too many
+        ({"weight_dtype": "fp64"}, "choose from"),
+        ({"kv_dtype": "int2"}, "choose from"),
+    ],
+)
 def test_step_rejects_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         cost.step("llama-3-8b", **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"context": 0}, "context"), ({"context": 10**6}, "maximum"), ({"batch": 0}, "batch"),
-    ({"dtype": "float32"}, "choose from"), ({"kv_heads": 3}, "multiple"), ({"kv_heads": 0}, "kv_heads"),
-    ({"model": "llama-5"}, "llama-3-8b"), ({"hardware": "b200"}, "h100-sxm"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"context": 0}, "context"),
+        ({"context": 10**6}, "maximum"),
+        ({"batch": 0}, "batch"),
+        ({"dtype": "float32"}, "choose from"),
+        ({"kv_heads": 3}, "multiple"),
+        ({"kv_heads": 0}, "kv_heads"),
+        ({"model": "llama-5"}, "llama-3-8b"),
+        ({"hardware": "b200"}, "h100-sxm"),
+    ],
+)
 def test_calc_rejects_bad_input(kwargs, message):
     args = {"model": "llama-3-8b", "hardware": "h100-sxm", **kwargs}
     with pytest.raises(ValueError, match=message):

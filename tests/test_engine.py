@@ -6,7 +6,14 @@ import inspect
 import pytest
 import torch
 
-from memwall.engine import KVCache, Sampling, Transformer, decode_step, generate, prefill, probabilities
+from memwall.engine import (
+    KVCache,
+    Sampling,
+    decode_step,
+    generate,
+    prefill,
+    probabilities,
+)
 
 TOLERANCE = 1e-4  # max abs difference of fp32 logits
 
@@ -37,10 +44,12 @@ def hf_greedy(hf, prompt, new_tokens):
     """transformers' greedy generate, never stopping early (no end-of-sequence token)."""
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     # An explicit mask: otherwise a prompt token equal to pad_token_id would be masked out.
     out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
-    return out[0, prompt.shape[1]:].tolist()
+    return out[0, prompt.shape[1] :].tolist()
 
 
 def test_tiny_logits_match_transformers(tiny_hf, tiny_engine):
@@ -69,7 +78,9 @@ def test_smollm2_logits_match_transformers(smollm2, smollm2_engine):
 @pytest.mark.slow
 def test_smollm2_64_greedy_tokens_match_generate(smollm2, smollm2_engine):
     hf, tokenizer = smollm2
-    prompt = tokenizer("Once upon a time, in a small village by the sea,", return_tensors="pt").input_ids
+    prompt = tokenizer(
+        "Once upon a time, in a small village by the sea,", return_tensors="pt"
+    ).input_ids
     assert generate(smollm2_engine, prompt[0], 64).tokens == hf_greedy(hf, prompt, 64)
 
 
@@ -137,7 +148,11 @@ def test_linear_matches_f_linear(c_kernel):
     plain = Linear(32, 48, bias=True, splits=1).set_weight(weight, bias)
     assert split.splits == 4 and plain.splits == 1
     with contextlib.nullcontext() if c_kernel else cpu_kernels.switched_off():
-        for shape in [(1, 1, 32), (3, 5, 32), (MAX_SPLIT_ROWS + 1, 32)]:  # decode, small batch, prefill
+        for shape in [
+            (1, 1, 32),
+            (3, 5, 32),
+            (MAX_SPLIT_ROWS + 1, 32),
+        ]:  # decode, small batch, prefill
             x = torch.randn(shape)
             expected = torch.nn.functional.linear(x, weight, bias)
             assert split(x).shape == expected.shape
@@ -162,6 +177,6 @@ def test_c_kernel_gives_each_row_the_same_bits_alone_or_batched():
     try:
         torch.set_num_threads(1)
         for i in range(len(rows)):
-            assert torch.equal(cpu_kernels.fp32_linear(rows[i:i + 1], weight)[0], batched[i])
+            assert torch.equal(cpu_kernels.fp32_linear(rows[i : i + 1], weight)[0], batched[i])
     finally:
         torch.set_num_threads(threads)

@@ -15,8 +15,13 @@ from memwall.grading.sync import notebook_signature, notebooks_in, read_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "grading"
-FOLDER_PAIRS = {"repo": (REPO / "solutions", REPO / "exercises"), "fixture": (FIXTURES / "solutions", FIXTURES / "exercises")}
-SOLUTION_PATHS = [path for solutions, _ in FOLDER_PAIRS.values() for path in notebooks_in(solutions)]
+FOLDER_PAIRS = {
+    "repo": (REPO / "solutions", REPO / "exercises"),
+    "fixture": (FIXTURES / "solutions", FIXTURES / "exercises"),
+}
+SOLUTION_PATHS = [
+    path for solutions, _ in FOLDER_PAIRS.values() for path in notebooks_in(solutions)
+]
 CHAPTER_SOLUTIONS = notebooks_in(REPO / "solutions")
 
 
@@ -31,7 +36,9 @@ def label(path: Path) -> str:
 @pytest.mark.parametrize("pair", FOLDER_PAIRS, ids=str)
 def test_committed_exercises_are_in_sync(pair):
     solutions, exercises = FOLDER_PAIRS[pair]
-    assert sync_exercises(solutions, exercises, check=True) == [], "run `memwall exercises` and commit exercises/"
+    assert sync_exercises(solutions, exercises, check=True) == [], (
+        "run `memwall exercises` and commit exercises/"
+    )
 
 
 @pytest.mark.parametrize("solution_path", SOLUTION_PATHS, ids=label)
@@ -68,7 +75,9 @@ def _unfinished(*args, **kwargs):
 def test_every_check_rejects_known_wrong_and_unfinished_answers(solution_path):
     for _, name, _ in check_cells(read_notebook(solution_path)):
         spec = get_check(name)
-        assert spec.wrong_answers, f"register {name!r} with wrong_answers=[...] so CI can prove it rejects them"
+        assert spec.wrong_answers, (
+            f"register {name!r} with wrong_answers=[...] so CI can prove it rejects them"
+        )
         for wrong in spec.wrong_answers:
             with pytest.raises(AssertionError):
                 check(name, wrong)
@@ -84,9 +93,17 @@ def test_solution_scores_full_marks_and_blank_copy_scores_nothing(solution_path,
     chapter = solution_path.stem
     (submissions / f"solution__{chapter}.ipynb").write_bytes(solution_path.read_bytes())
     (submissions / f"blank__{chapter}.ipynb").write_bytes(exercise_path(solution_path).read_bytes())
-    rows = grade(submissions, tmp_path / "grades.csv", jobs=2, solutions_dir=solution_path.parent, progress=False)
+    rows = grade(
+        submissions,
+        tmp_path / "grades.csv",
+        jobs=2,
+        solutions_dir=solution_path.parent,
+        progress=False,
+    )
     by_student = {row.student: row for row in rows}
     solved, blank = by_student["solution"], by_student["blank"]
-    assert (solved.status, solved.total) == ("ok", solved.max_points), [c.message for c in solved.checks]
+    assert (solved.status, solved.total) == ("ok", solved.max_points), [
+        c.message for c in solved.checks
+    ]
     assert blank.status == "ok" and blank.total == 0
     assert all(result.message != "not run" for result in blank.checks)

@@ -26,11 +26,15 @@ def test_q4_1_is_five_bits_per_weight():
 def test_a_hand_made_block_decodes_to_d_times_q_plus_m():
     d, m = np.float16(0.125), np.float16(-1.0)
     codes = np.arange(32) % 16
-    packed = (codes[:16] | (codes[16:] << 4)).astype(np.uint8)  # weight i and weight i + 16 share a byte
+    packed = (codes[:16] | (codes[16:] << 4)).astype(
+        np.uint8
+    )  # weight i and weight i + 16 share a byte
     block = np.concatenate([np.array([d]).view(np.uint8), np.array([m]).view(np.uint8), packed])
     assert block.size == gguf_q4.Q4_1_BLOCK_BYTES
     decoded = gguf_q4.decode_q4_1_blocks(block[None])
-    np.testing.assert_array_equal(decoded[0], np.float32(d) * codes.astype(np.float32) + np.float32(m))
+    np.testing.assert_array_equal(
+        decoded[0], np.float32(d) * codes.astype(np.float32) + np.float32(m)
+    )
 
 
 def test_directory_matches_the_gguf_package(shipped):
@@ -41,14 +45,18 @@ def test_directory_matches_the_gguf_package(shipped):
     for ref in reader.tensors:
         ours = tensors[ref.name]
         assert ours.offset == ref.data_offset and ours.n_bytes == ref.n_bytes
-        assert ours.shape == tuple(int(n) for n in reversed(ref.shape)) and ours.ggml_type == int(ref.tensor_type)
+        assert ours.shape == tuple(int(n) for n in reversed(ref.shape)) and ours.ggml_type == int(
+            ref.tensor_type
+        )
 
 
 def test_q4_1_decoder_is_bit_for_bit_the_gguf_package(shipped):
     path, reader = shipped
     checked = 0
     for ref in reader.tensors:
-        if int(ref.tensor_type) != gguf_q4.Q4_1_TYPE or not ref.name.startswith(("blk.0.", "blk.29.")):
+        if int(ref.tensor_type) != gguf_q4.Q4_1_TYPE or not ref.name.startswith(
+            ("blk.0.", "blk.29.")
+        ):
             continue
         ours = gguf_q4.dequantize_q4_1(path, ref.name)
         expected = gguf.quants.dequantize(ref.data, ref.tensor_type)

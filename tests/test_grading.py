@@ -45,7 +45,9 @@ WRONG = {
     "ex3": "def decode_ceilings(bandwidth_gb_s, model_sizes_gb):\n    return [s / bandwidth_gb_s for s in model_sizes_gb]\n",
 }
 # decode_ceilings has no widget cell, so only its check cell runs into the loop.
-LOOPING_BODY = "def decode_ceilings(bandwidth_gb_s, model_sizes_gb):\n    while True:\n        pass\n"
+LOOPING_BODY = (
+    "def decode_ceilings(bandwidth_gb_s, model_sizes_gb):\n    while True:\n        pass\n"
+)
 # Swallows the interrupt nbval sends at the cell timeout, so nbval has to stop the kernel.
 STUBBORN_BODY = (
     "def matrix_bytes(rows, cols, bytes_per_element):\n"
@@ -142,7 +144,9 @@ def other_chapter():
     for cell in nb.cells:
         for key in ("solution", "check"):
             if key in cell.metadata.get("memwall", {}):
-                cell.metadata["memwall"][key] = cell.metadata["memwall"][key].replace("demo.", "other.")
+                cell.metadata["memwall"][key] = cell.metadata["memwall"][key].replace(
+                    "demo.", "other."
+                )
         cell["id"] = "other-" + cell["id"]
         cell.source = cell.source.replace('"demo.', '"other.').replace("def ", "def other_")
     nb.metadata["memwall"]["generated_from"] = "01_other.ipynb"
@@ -167,7 +171,10 @@ EXPECTED = {
     "ken": ([1, 2, 0], f"cell timeout ({CELL_TIMEOUT} s)"),
     "leo": ([0, 2, 2], "sys.exit() called"),
     "mia": ([0, 2, 2], "kernel died (os._exit?)"),
-    "ned": ([0, 0, 0], "restored 3 edited check cells; review: touches memwall.grading; review: redefines check"),
+    "ned": (
+        [0, 0, 0],
+        "restored 3 edited check cells; review: touches memwall.grading; review: redefines check",
+    ),
     "nora": ([0, 2, 2], f"cell timeout ({CELL_TIMEOUT} s)"),
     "olga": ([1, 2, 2], "ok"),
     "pat_00_demo": ([], "bad file name: expected <student>__NN_slug.ipynb"),
@@ -188,12 +195,26 @@ def make_submissions(folder: Path):
     (folder / f"hank__{CHAPTER}.ipynb").write_bytes(b"")
     write(folder, f"ivan__{CHAPTER}.ipynb", nbformat.v4.new_notebook())
     write(folder, f"judy__{CHAPTER}.ipynb", missing_and_reordered())
-    write(folder, f"ken__{CHAPTER}.ipynb", answered(ex1=RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=LOOPING_BODY))
-    write(folder, f"leo__{CHAPTER}.ipynb", answered(ex1="import sys\nsys.exit()\n" + RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=RIGHT["ex3"]))
+    write(
+        folder,
+        f"ken__{CHAPTER}.ipynb",
+        answered(ex1=RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=LOOPING_BODY),
+    )
+    write(
+        folder,
+        f"leo__{CHAPTER}.ipynb",
+        answered(ex1="import sys\nsys.exit()\n" + RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=RIGHT["ex3"]),
+    )
     os_exit = RIGHT["ex1"].replace("    return", "    import os\n    os._exit(1)\n    return")
-    write(folder, f"mia__{CHAPTER}.ipynb", answered(ex1=os_exit, ex2=RIGHT["ex2"], ex3=RIGHT["ex3"]))
+    write(
+        folder, f"mia__{CHAPTER}.ipynb", answered(ex1=os_exit, ex2=RIGHT["ex2"], ex3=RIGHT["ex3"])
+    )
     write(folder, f"ned__{CHAPTER}.ipynb", tampered())
-    write(folder, f"nora__{CHAPTER}.ipynb", answered(ex1=STUBBORN_BODY, ex2=RIGHT["ex2"], ex3=RIGHT["ex3"]))
+    write(
+        folder,
+        f"nora__{CHAPTER}.ipynb",
+        answered(ex1=STUBBORN_BODY, ex2=RIGHT["ex2"], ex3=RIGHT["ex3"]),
+    )
     write(folder, f"olga__{CHAPTER}.ipynb", rewrites_own_file())
     write(folder, f"pat_{CHAPTER}.ipynb", answered(**RIGHT))
     write(folder, f"quinn/{CHAPTER}.ipynb", without_memwall_metadata())
@@ -215,7 +236,10 @@ def graded(tmp_path_factory):
 
 
 def test_every_submission_gets_exact_points_and_status(graded):
-    got = {row.student: ([result.earned for result in row.checks], row.status) for row in graded["rows"]}
+    got = {
+        row.student: ([result.earned for result in row.checks], row.status)
+        for row in graded["rows"]
+    }
     assert got == EXPECTED
 
 
@@ -230,7 +254,10 @@ def test_csv_has_one_row_per_notebook_and_a_column_per_check(graded):
     assert set(by_student) == set(EXPECTED)
     assert by_student["carol"]["total"] == "1" and by_student["carol"]["max"] == "5"
     assert by_student["alice"]["demo.matmul_intensity"] == "2"
-    assert by_student["frank"]["notebook"] == "07_xyz.ipynb" and by_student["frank"]["demo.matrix_bytes"] == ""
+    assert (
+        by_student["frank"]["notebook"] == "07_xyz.ipynb"
+        and by_student["frank"]["demo.matrix_bytes"] == ""
+    )
 
 
 def test_feedback_names_the_failing_case_without_ansi_codes(graded):
@@ -238,7 +265,9 @@ def test_feedback_names_the_failing_case_without_ansi_codes(graded):
     assert len(list(feedback.glob("*.txt"))) == len(EXPECTED)
     carol = (feedback / f"carol__{CHAPTER}.txt").read_text()
     assert "score: 1 / 5" in carol
-    assert "wrong answer for matmul_intensity(m=" in carol and "expected" in carol and "got" in carol
+    assert (
+        "wrong answer for matmul_intensity(m=" in carol and "expected" in carol and "got" in carol
+    )
     assert "demo.decode_ceilings: not implemented yet (Exercise 3:" in carol
     assert "\x1b[" not in carol
     judy = (feedback / f"judy__{CHAPTER}.txt").read_text()
@@ -273,9 +302,19 @@ def test_every_check_of_the_blank_copy_fails_and_nothing_else_does():
 
 def test_notebook_wall_clock_timeout_kills_the_kernel_and_keeps_earlier_points(tmp_path):
     pid_file = tmp_path / "kernel.pid"
-    stubborn = STUBBORN_BODY.replace("matrix_bytes(rows, cols, bytes_per_element)", "decode_ceilings(bandwidth_gb_s, model_sizes_gb)")
-    stubborn = stubborn.replace("    import time\n", f"    import os, time\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n")
-    write(tmp_path / "submissions", f"zoe__{CHAPTER}.ipynb", answered(ex1=RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=stubborn))
+    stubborn = STUBBORN_BODY.replace(
+        "matrix_bytes(rows, cols, bytes_per_element)",
+        "decode_ceilings(bandwidth_gb_s, model_sizes_gb)",
+    )
+    stubborn = stubborn.replace(
+        "    import time\n",
+        f"    import os, time\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n",
+    )
+    write(
+        tmp_path / "submissions",
+        f"zoe__{CHAPTER}.ipynb",
+        answered(ex1=RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=stubborn),
+    )
     started = time.monotonic()
     (row,) = grade(
         tmp_path / "submissions", tmp_path / "grades.csv", timeout=20, cell_timeout=120, solutions_dir=SOLUTIONS,
@@ -318,5 +357,7 @@ def test_the_command_line_grades_a_folder(tmp_path):
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
     assert (row["total"], row["max"], row["status"]) == (0, 5, "not JSON")
-    assert (tmp_path / "grades.csv").read_text().splitlines()[1] == "alice,00_demo.ipynb,0,0,0,0,5,not JSON"
+    assert (tmp_path / "grades.csv").read_text().splitlines()[
+        1
+    ] == "alice,00_demo.ipynb,0,0,0,0,5,not JSON"
     assert (tmp_path / "feedback" / f"alice__{CHAPTER}.txt").exists()

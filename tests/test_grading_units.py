@@ -8,10 +8,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from memwall.grading import check, compare_function, compare_value, make_student_copy, validate_solution
+from memwall.grading import (
+    check,
+    compare_function,
+    compare_value,
+    make_student_copy,
+    validate_solution,
+)
 from memwall.grading.cells import check_cells
-from memwall.grading.grader import explain_failure, read_submission
 from memwall.grading.execute import CellOutcome, fatal_cell
+from memwall.grading.grader import explain_failure, read_submission
 from memwall.grading.registry import get_check
 from memwall.grading.restore import restore_submission
 from memwall.grading.student_copy import blank_solution_spans
@@ -38,7 +44,9 @@ def code_cell(source, cell_id=None, **memwall):
 
 
 def test_solution_span_becomes_one_raise_at_the_marker_indentation():
-    source = "def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n    ### END SOLUTION\n"
+    source = (
+        "def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n    ### END SOLUTION\n"
+    )
     assert blank_solution_spans(source, "Exercise 1: add") == (
         'def f(x):\n    y = 1\n    raise NotImplementedError("Exercise 1: add")\n'
     )
@@ -47,10 +55,16 @@ def test_solution_span_becomes_one_raise_at_the_marker_indentation():
 def test_top_level_spans_and_several_spans_per_cell():
     source = "### BEGIN SOLUTION\na = 1\n### END SOLUTION\nb = 2\n  ### BEGIN SOLUTION\n  c\n  ### END SOLUTION"
     blanked = blank_solution_spans(source, 'say "hi"')
-    assert blanked == 'raise NotImplementedError("say \\"hi\\"")\nb = 2\n  raise NotImplementedError("say \\"hi\\"")'
+    assert (
+        blanked
+        == 'raise NotImplementedError("say \\"hi\\"")\nb = 2\n  raise NotImplementedError("say \\"hi\\"")'
+    )
 
 
-@pytest.mark.parametrize("source", ["### BEGIN SOLUTION\nx", "x\n### END SOLUTION", "### BEGIN SOLUTION\n### BEGIN SOLUTION"])
+@pytest.mark.parametrize(
+    "source",
+    ["### BEGIN SOLUTION\nx", "x\n### END SOLUTION", "### BEGIN SOLUTION\n### BEGIN SOLUTION"],
+)
 def test_unbalanced_markers_are_an_error(source):
     with pytest.raises(ValueError):
         blank_solution_spans(source, "")
@@ -118,7 +132,14 @@ def test_validation_catches_the_classic_mistakes():
     check_cell.source = 'check("demo.matrix_bytes", matrix_bytes)'
     check_cell.metadata["memwall"]["points"] = 0
     nb.cells.append(code_cell("### BEGIN SOLUTION\nx = 1", cell_id="stray"))
-    nb.cells.append(code_cell("from memwall.grading import check\ncheck(\"demo.nope\", 1)", cell_id="c9", check="demo.nope", points=1))
+    nb.cells.append(
+        code_cell(
+            'from memwall.grading import check\ncheck("demo.nope", 1)',
+            cell_id="c9",
+            check="demo.nope",
+            points=1,
+        )
+    )
     problems = "\n".join(validate_solution(nb))
     for expected in ("raises-exception", "from memwall.grading import check", "positive 'points'",
                      "no metadata", "no check named 'demo.nope'"):  # fmt: skip
@@ -135,13 +156,18 @@ def test_a_chapter_needs_three_checks():
 
 
 def test_check_prints_one_line_on_success(capsys):
-    check("demo.matrix_bytes", lambda rows, cols, bytes_per_element: rows * cols * bytes_per_element)
+    check(
+        "demo.matrix_bytes", lambda rows, cols, bytes_per_element: rows * cols * bytes_per_element
+    )
     assert capsys.readouterr().out == "✓ demo.matrix_bytes: 12/12 cases passed\n"
 
 
 def test_check_names_the_failing_input_expected_and_got():
     with pytest.raises(AssertionError) as failure:
-        check("demo.matrix_bytes", lambda rows, cols, bytes_per_element: rows * cols * bytes_per_element + 1)
+        check(
+            "demo.matrix_bytes",
+            lambda rows, cols, bytes_per_element: rows * cols * bytes_per_element + 1,
+        )
     message = str(failure.value)
     assert message.startswith("demo.matrix_bytes: wrong answer for <lambda>(rows=")
     assert "expected" in message and "got" in message and "(case 1 of 12)" in message
@@ -151,7 +177,9 @@ def test_unfinished_exercise_is_not_implemented_yet():
     def matrix_bytes(rows, cols, bytes_per_element):
         raise NotImplementedError("Exercise 1: hint")
 
-    with pytest.raises(AssertionError, match=r"demo.matrix_bytes: not implemented yet \(Exercise 1: hint\)"):
+    with pytest.raises(
+        AssertionError, match=r"demo.matrix_bytes: not implemented yet \(Exercise 1: hint\)"
+    ):
         check("demo.matrix_bytes", matrix_bytes)
 
 
@@ -230,7 +258,11 @@ def test_both_submission_layouts(tmp_path):
     (tmp_path / "notes.txt").write_text("")
     (tmp_path / ".ipynb_checkpoints").mkdir()
     found, skipped = find_submissions(tmp_path)
-    assert [(s.student, s.chapter) for s in found] == [("alice", "01_two_phases"), ("bob", "01_two_phases"), ("carol_01", "")]
+    assert [(s.student, s.chapter) for s in found] == [
+        ("alice", "01_two_phases"),
+        ("bob", "01_two_phases"),
+        ("carol_01", ""),
+    ]
     assert [path.name for path in skipped] == ["notes.txt"]
     assert found[0].feedback_name == "alice__01_two_phases.txt"
 
@@ -260,7 +292,9 @@ def test_restore_puts_the_solution_check_cells_back_around_student_code():
     sources = [cell.source for cell in restored.nb.cells if cell.cell_type == "code"]
     assert sources[0] == "def matrix_bytes(r, c, b):\n    return r * c * b"
     assert sources[1] == "def helper():\n    return 1"
-    assert sources[2] == 'from memwall.grading import check\ncheck("demo.matrix_bytes", matrix_bytes)'
+    assert (
+        sources[2] == 'from memwall.grading import check\ncheck("demo.matrix_bytes", matrix_bytes)'
+    )
     assert restored.notes == ["restored 1 edited check cell"]
     assert restored.matched_exercises == 3
     assert [c.source for c in restored.nb.cells if c.cell_type == "markdown"] == [
@@ -289,9 +323,16 @@ def test_fatal_cell_is_the_one_before_the_kernel_was_found_dead():
 
 
 def test_failure_explanations():
-    assert explain_failure(CellOutcome(0, False, error="AssertionError: demo.x: wrong")) == "demo.x: wrong"
-    assert explain_failure(CellOutcome(0, False, error="NameError: name 'f' is not defined")).startswith("not implemented yet")
-    assert "endless loop" in explain_failure(CellOutcome(0, False, message="Timeout of 5 seconds exceeded executing cell"))
+    assert (
+        explain_failure(CellOutcome(0, False, error="AssertionError: demo.x: wrong"))
+        == "demo.x: wrong"
+    )
+    assert explain_failure(
+        CellOutcome(0, False, error="NameError: name 'f' is not defined")
+    ).startswith("not implemented yet")
+    assert "endless loop" in explain_failure(
+        CellOutcome(0, False, message="Timeout of 5 seconds exceeded executing cell")
+    )
     assert "kernel died" in explain_failure(CellOutcome(0, False, kernel_exit=0))
 
 

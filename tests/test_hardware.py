@@ -41,10 +41,16 @@ def test_get_hardware_passes_objects_through_and_ignores_case():
     assert get_hardware(CATALOG["l4"]) is CATALOG["l4"]
 
 
-@pytest.mark.parametrize("change", [
-    {"memory_bandwidth": 0}, {"memory_bytes": -1}, {"peak_flops": {}},
-    {"peak_flops": {"fp64": 1e12}}, {"peak_flops": {"fp32": 0}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"memory_bandwidth": 0},
+        {"memory_bytes": -1},
+        {"peak_flops": {}},
+        {"peak_flops": {"fp64": 1e12}},
+        {"peak_flops": {"fp32": 0}},
+    ],
+)
 def test_invalid_hardware_raises(change):
     with pytest.raises(ValueError):
         dataclasses.replace(CATALOG["l4"], **change)

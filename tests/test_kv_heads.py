@@ -5,23 +5,40 @@ import pytest
 import torch
 
 from memwall.engine import Transformer
-from memwall.engine.kv_heads import (convert_kv_heads, expand_kv_heads, pool_heads, pool_kv_heads,
-                                     repeat_heads)
+from memwall.engine.kv_heads import (
+    convert_kv_heads,
+    expand_kv_heads,
+    pool_heads,
+    pool_kv_heads,
+    repeat_heads,
+)
 from memwall.specs import ModelSpec
 
 TOLERANCE = 1e-4
 
 
 def tiny_spec(n_kv_heads):
-    return ModelSpec(name="tiny", n_layers=3, d_model=64, n_heads=4, n_kv_heads=n_kv_heads, head_dim=16,
-                     d_ff=160, vocab_size=256, tied_embeddings=True, max_context=256)
+    return ModelSpec(
+        name="tiny",
+        n_layers=3,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        head_dim=16,
+        d_ff=160,
+        vocab_size=256,
+        tied_embeddings=True,
+        max_context=256,
+    )
 
 
 def reference_pool(weight, n_heads, n_groups):
     """Head-by-head average, written as a loop so it shares no code with pool_heads."""
     head_dim, per_group = weight.shape[0] // n_heads, n_heads // n_groups
-    heads = [weight[h * head_dim:(h + 1) * head_dim] for h in range(n_heads)]
-    return torch.cat([sum(heads[g * per_group:(g + 1) * per_group]) / per_group for g in range(n_groups)])
+    heads = [weight[h * head_dim : (h + 1) * head_dim] for h in range(n_heads)]
+    return torch.cat(
+        [sum(heads[g * per_group : (g + 1) * per_group]) / per_group for g in range(n_groups)]
+    )
 
 
 def hf_with_pooled_kv(hf, n_kv_heads):
@@ -69,7 +86,7 @@ def test_pooled_engine_decodes_with_its_cache_like_transformers(tiny_hf, tiny_en
     cache = mqa.new_cache(max_tokens=16)
     with torch.inference_mode():
         mqa(sequence[:, :8], cache)
-        steps = [mqa(sequence[:, i:i + 1], cache)[:, -1] for i in range(8, 12)]
+        steps = [mqa(sequence[:, i : i + 1], cache)[:, -1] for i in range(8, 12)]
         full = reference(sequence).logits[:, 8:12]
     assert (torch.stack(steps, 1) - full).abs().max() < TOLERANCE
 

@@ -8,8 +8,18 @@ from memwall.engine import decode_step, prefill
 from memwall.engine.kv_quant import KVCacheInt8, quantize_per_vector
 from memwall.specs import ModelSpec
 
-TINY_SPEC = ModelSpec(name="tiny", n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
-                      d_ff=160, vocab_size=256, tied_embeddings=True, max_context=256)
+TINY_SPEC = ModelSpec(
+    name="tiny",
+    n_layers=3,
+    d_model=64,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    d_ff=160,
+    vocab_size=256,
+    tied_embeddings=True,
+    max_context=256,
+)
 
 
 def test_per_vector_error_is_at_most_half_a_step():
@@ -49,7 +59,10 @@ def test_update_commit_rollback():
 def test_int8_cache_decodes_like_fp32(tiny_engine):
     """Teacher-forced over the same tokens, the int8 cache picks the fp32 cache's next token."""
     tokens = torch.randint(0, 256, (1, 80), generator=torch.Generator().manual_seed(1))
-    caches = [tiny_engine.new_cache(max_tokens=80), KVCacheInt8.for_model(tiny_engine, max_tokens=80)]
+    caches = [
+        tiny_engine.new_cache(max_tokens=80),
+        KVCacheInt8.for_model(tiny_engine, max_tokens=80),
+    ]
     with torch.inference_mode():
         logits = [[prefill(tiny_engine, tokens[:, :16], c)] for c in caches]
         for position in range(16, 79):

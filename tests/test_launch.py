@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging.requirements import Requirement
-
 from book_build import REPO, source_path, toc_files
+from packaging.requirements import Requirement
 
 NOTEBOOK_DIRS = ("chapters", "solutions", "exercises")
 NOTEBOOKS = sorted(p for folder in NOTEBOOK_DIRS for p in (REPO / folder).glob("*.ipynb"))
@@ -74,7 +73,9 @@ def test_requirements_parse_and_install_memwall_unpinned_torch():
     requirements = [Requirement(line) for line in lines if not line.startswith("-")]
     names = {r.name.lower() for r in requirements}
     assert "ipykernel" in names
-    assert not any(r.name == "torch" and r.specifier for r in requirements), "Colab brings its own torch"
+    assert not any(r.name == "torch" and r.specifier for r in requirements), (
+        "Colab brings its own torch"
+    )
 
 
 def test_binder_requirements_reference_the_root_file_and_a_cpu_torch():
@@ -115,7 +116,9 @@ def test_requirements_resolve_with_pip(tmp_path):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     if result.returncode != 0 and _index_unreachable(output):
-        pytest.skip(f"pip could not reach a package index, so resolution was not checked:\n{output[-800:]}")
+        pytest.skip(
+            f"pip could not reach a package index, so resolution was not checked:\n{output[-800:]}"
+        )
     assert result.returncode == 0, output
     would_install = {item["metadata"]["name"] for item in json.loads(report.read_text())["install"]}
     assert "memwall" in would_install
@@ -172,5 +175,9 @@ def test_local_extensions_and_vendored_widget_files_exist():
     for name, folder in config["sphinx"]["local_extensions"].items():
         assert (REPO / folder / f"{name}.py").is_file()
     vendor = REPO / "book" / "_vendor"
-    for name in ("jupyter-widgets/require.js", "jupyter-widgets/embed-amd.js", "mathjax/tex-svg-full.js"):
+    for name in (
+        "jupyter-widgets/require.js",
+        "jupyter-widgets/embed-amd.js",
+        "mathjax/tex-svg-full.js",
+    ):
         assert (vendor / name).stat().st_size > 10_000

@@ -11,19 +11,19 @@ from memwall.engine.paged_cache import PagedKVCache
 def test_blocks_come_from_the_free_list_and_go_back():
     manager = BlockManager(n_blocks=6, block_size=4)
     manager.add("a"), manager.add("b")
-    manager.reserve(["a"], 5)           # 5 tokens -> 2 blocks
+    manager.reserve(["a"], 5)  # 5 tokens -> 2 blocks
     manager.advance("a", 5)
-    manager.reserve(["b"], 4)           # exactly one block
+    manager.reserve(["b"], 4)  # exactly one block
     manager.advance("b", 4)
     assert manager.tables == {"a": [0, 1], "b": [2]}
     assert manager.n_free == 3
-    manager.reserve(["a", "b"], 1)      # a fits in its 2nd block; b needs a new one
+    manager.reserve(["a", "b"], 1)  # a fits in its 2nd block; b needs a new one
     assert manager.tables["a"] == [0, 1] and manager.tables["b"] == [2, 3]
     manager.free("a")
     assert manager.n_free == 4 and "a" not in manager.tables
     manager.add("c")
     manager.reserve(["c"], 1)
-    assert manager.tables["c"] == [0]   # a freed block is reused: tables need not be contiguous
+    assert manager.tables["c"] == [0]  # a freed block is reused: tables need not be contiguous
 
 
 def test_slot_goes_through_the_block_table():
@@ -72,14 +72,18 @@ def test_bad_sizes_and_misuse_are_rejected(tiny_engine):
 def paged_generate(model, cache, prompts, new_tokens):
     """Greedy decoding of several prompts as one ragged batch on the paged cache."""
     tokens = []
-    for i, prompt in enumerate(prompts):  # prefill each prompt on its own; it yields the first token
+    for i, prompt in enumerate(
+        prompts
+    ):  # prefill each prompt on its own; it yields the first token
         cache.add_sequence(i)
         positions, mask = cache.begin([i], len(prompt))
         logits = model(torch.tensor([prompt]), cache, positions=positions, mask=mask)
         tokens.append([int(logits[0, -1].argmax())])
     for _ in range(new_tokens - 1):  # then decode all of them together, lengths still differing
         positions, mask = cache.begin(range(len(prompts)), 1)
-        logits = model(torch.tensor([[t[-1]] for t in tokens]), cache, positions=positions, mask=mask)
+        logits = model(
+            torch.tensor([[t[-1]] for t in tokens]), cache, positions=positions, mask=mask
+        )
         for t, new in zip(tokens, logits[:, -1].argmax(-1).tolist()):
             t.append(new)
     return tokens
@@ -93,7 +97,9 @@ def test_paged_outputs_equal_the_contiguous_cache(tiny_engine):
     ours = paged_generate(tiny_engine, cache, prompts, 20)
     assert ours == [generate(tiny_engine, p, 20).tokens for p in prompts]
     tables = cache.blocks.tables
-    assert any(b - a != 1 for t in tables.values() for a, b in zip(t, t[1:]))  # really non-contiguous
+    assert any(
+        b - a != 1 for t in tables.values() for a, b in zip(t, t[1:])
+    )  # really non-contiguous
 
 
 def test_paged_logits_match_the_contiguous_cache(tiny_engine):

@@ -40,8 +40,12 @@ def test_roofline_reports_the_h100_ridge_point(ax):
 
 def test_roofline_takes_several_chips_dtypes_and_points(ax):
     cpu = Hardware("toy-cpu", memory_bandwidth=20e9, peak_flops={"fp32": 60e9}, memory_bytes=16e9)
-    drawn = roofline(ax, [cpu, CATALOG["a100-80gb"]], dtype=["fp32", "bf16"],
-                     points={"measured": ([0.5, 5.0], [9e9, 55e9])})
+    drawn = roofline(
+        ax,
+        [cpu, CATALOG["a100-80gb"]],
+        dtype=["fp32", "bf16"],
+        points={"measured": ([0.5, 5.0], [9e9, 55e9])},
+    )
     assert [d["name"] for d in drawn] == ["toy-cpu", "a100-80gb"]
     assert drawn[0]["ridge"] == pytest.approx(3.0)
     assert drawn[1]["peak"] == 312e12
@@ -61,9 +65,15 @@ def test_roofline_rejects_bad_input(ax):
 
 
 def test_memory_bar_stacks_parts_and_returns_totals(ax):
-    totals = memory_bar(ax, {"1 user": {"weights": 16e9, "KV cache": 1e9},
-                             "16 users": {"weights": 16e9, "KV cache": 16e9}},
-                        capacity=80e9, unit="GB")
+    totals = memory_bar(
+        ax,
+        {
+            "1 user": {"weights": 16e9, "KV cache": 1e9},
+            "16 users": {"weights": 16e9, "KV cache": 16e9},
+        },
+        capacity=80e9,
+        unit="GB",
+    )
     assert totals == {"1 user": 17e9, "16 users": 32e9}
     kv_bars = [patch for patch in ax.patches if patch.get_x() > 0]
     assert sorted(round(p.get_width()) for p in kv_bars) == [1, 16]

@@ -18,7 +18,9 @@ class Bigram(torch.nn.Module):
 
     def __init__(self, seed=0):
         super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(seed)))
+        self.table = torch.nn.Parameter(
+            torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(seed))
+        )
 
     def forward(self, tokens):
         return self.table[tokens]
@@ -77,7 +79,8 @@ def test_short_windows_lose_context_on_a_real_sequence_model(tiny_engine):
 def test_engine_and_transformers_agree(tiny_hf, tiny_engine):
     ids = random_ids(40, vocab=256, seed=4)
     assert quality.perplexity(tiny_engine, ids, window=16) == pytest.approx(
-        quality.perplexity(tiny_hf, ids, window=16), rel=1e-5)
+        quality.perplexity(tiny_hf, ids, window=16), rel=1e-5
+    )
     assert quality.top1_agreement(tiny_engine, tiny_hf, ids, window=16) == 1.0
 
 
@@ -89,7 +92,9 @@ def test_top1_agreement_counts_matching_predictions():
     assert quality.top1_agreement(a, b) == pytest.approx(expected)
     assert quality.top1_agreement(Bigram(0), b, ids) == pytest.approx(expected)
     assert quality.top1_agreement(a, a) == 1.0
-    assert a.accuracy == pytest.approx((a.predictions == torch.tensor(ids[1:])).double().mean().item())
+    assert a.accuracy == pytest.approx(
+        (a.predictions == torch.tensor(ids[1:])).double().mean().item()
+    )
 
 
 def test_bad_inputs_are_rejected():
@@ -102,7 +107,9 @@ def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError, match="token_ids"):
         quality.perplexity(Bigram())
     with pytest.raises(ValueError, match="different texts"):
-        quality.top1_agreement(quality.score(Bigram(), random_ids(9)), quality.score(Bigram(), random_ids(9, seed=2)))
+        quality.top1_agreement(
+            quality.score(Bigram(), random_ids(9)), quality.score(Bigram(), random_ids(9, seed=2))
+        )
 
 
 def test_the_shipped_text_is_long_varied_prose_declared_as_package_data():

@@ -7,12 +7,21 @@ import pytest
 import torch
 
 from memwall import cost, quality
-from memwall.engine import cpu_kernels
-from memwall.engine import Transformer
+from memwall.engine import Transformer, cpu_kernels
 from memwall.engine.linear import Linear
-from memwall.engine.quant import (Int4Linear, Int8Linear, cpu_int4_block, dequantize_int4, dequantize_int8,
-                                  from_cpu_kernel_layout, pack_int4, quantize, quantize_int4, quantize_int8,
-                                  unpack_int4)
+from memwall.engine.quant import (
+    Int4Linear,
+    Int8Linear,
+    cpu_int4_block,
+    dequantize_int4,
+    dequantize_int8,
+    from_cpu_kernel_layout,
+    pack_int4,
+    quantize,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
 
 
 def state_bytes(module) -> int:
@@ -21,9 +30,13 @@ def state_bytes(module) -> int:
 
 @pytest.mark.parametrize("shape", [(2,), (3, 8), (5, 7, 64)])
 def test_int4_pack_unpack_is_exact(shape):
-    codes = torch.randint(0, 16, shape, generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    codes = torch.randint(
+        0, 16, shape, generator=torch.Generator().manual_seed(0), dtype=torch.uint8
+    )
     packed = pack_int4(codes)
-    assert packed.dtype == torch.uint8 and packed.shape[-1] == shape[-1] // 2  # half a byte per code
+    assert (
+        packed.dtype == torch.uint8 and packed.shape[-1] == shape[-1] // 2
+    )  # half a byte per code
     assert torch.equal(unpack_int4(packed), codes)
 
 
@@ -55,7 +68,9 @@ def test_cpu_kernel_layout_is_understood():
     block = cpu_int4_block()
     if block is None:
         pytest.skip("no PyTorch CPU int4 kernel here")
-    codes = torch.randint(0, 16, (2 * block, 96), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    codes = torch.randint(
+        0, 16, (2 * block, 96), generator=torch.Generator().manual_seed(3), dtype=torch.int32
+    )
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     assert packed.numel() == codes.numel() // 2
     assert torch.equal(from_cpu_kernel_layout(packed, block), codes.to(torch.uint8))
@@ -88,20 +103,26 @@ def test_pytorch_int4_kernel_matches_reference_path(out_features, group_size):
 
 def test_memwall_cpu_kernels_build_where_they_can():
     """On an x86 CPU with AVX2 and a C compiler (the course machine, CI) the kernels must build."""
-    can_build = (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-                 and (shutil.which("cc") or shutil.which("gcc")) and os.environ.get("MEMWALL_CPU_KERNELS") != "0")
+    can_build = (
+        torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+        and (shutil.which("cc") or shutil.which("gcc"))
+        and os.environ.get("MEMWALL_CPU_KERNELS") != "0"
+    )
     if not can_build:
         pytest.skip("no AVX2 CPU or C compiler here: the layers use PyTorch's kernels")
     assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
 
 
-needs_cpu_kernels = pytest.mark.skipif(not cpu_kernels.available(),
-                                       reason=f"memwall's CPU kernels: {cpu_kernels.unavailable_reason()}")
+needs_cpu_kernels = pytest.mark.skipif(
+    not cpu_kernels.available(), reason=f"memwall's CPU kernels: {cpu_kernels.unavailable_reason()}"
+)
 
 
 @needs_cpu_kernels
 @pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("scheme,group_size", [("int8", None), ("int4", 32), ("int4", 64), ("int4", 96)])
+@pytest.mark.parametrize(
+    "scheme,group_size", [("int8", None), ("int4", 32), ("int4", 64), ("int4", 96)]
+)
 def test_memwall_cpu_kernels_match_reference_path(scheme, group_size, rows):
     weight = torch.randn(80, 192, generator=torch.Generator().manual_seed(rows))
     bias = torch.randn(80, generator=torch.Generator().manual_seed(9))
@@ -118,7 +139,9 @@ def test_memwall_cpu_kernels_match_reference_path(scheme, group_size, rows):
 
 @needs_cpu_kernels
 def test_memwall_cpu_kernels_follow_the_thread_count():
-    layer = Int8Linear.from_weight(torch.randn(64, 128, generator=torch.Generator().manual_seed(11)))
+    layer = Int8Linear.from_weight(
+        torch.randn(64, 128, generator=torch.Generator().manual_seed(11))
+    )
     x = torch.randn(1, 128, generator=torch.Generator().manual_seed(12))
     threads = torch.get_num_threads()
     try:
@@ -140,10 +163,15 @@ def test_memwall_cpu_kernels_fail_softly(monkeypatch, tmp_path):
             assert not cpu_kernels.available() and "failed" in cpu_kernels.unavailable_reason()
         layer = Int8Linear.from_weight(torch.randn(32, 64))
         x = torch.randn(1, 64)
-        assert torch.allclose(layer(x), layer.reference_forward(x.bfloat16().float()), rtol=1e-2, atol=1e-2)
+        assert torch.allclose(
+            layer(x), layer.reference_forward(x.bfloat16().float()), rtol=1e-2, atol=1e-2
+        )
         monkeypatch.setenv("MEMWALL_CPU_KERNELS", "0")
         cpu_kernels.library.cache_clear()
-        assert not cpu_kernels.available() and "MEMWALL_CPU_KERNELS" in cpu_kernels.unavailable_reason()
+        assert (
+            not cpu_kernels.available()
+            and "MEMWALL_CPU_KERNELS" in cpu_kernels.unavailable_reason()
+        )
     finally:
         monkeypatch.undo()
         cpu_kernels.library.cache_clear()
@@ -170,20 +198,26 @@ def test_int8_layer_bytes_are_one_per_weight_plus_a_scale_per_row():
 
 def test_quantize_swaps_every_linear_and_can_copy(tiny_engine):
     copy = quantize(tiny_engine, "int4", group_size=32, inplace=False)
-    assert isinstance(tiny_engine.lm_head, Linear) and tiny_engine.lm_head.weight.numel() == 64 * 256  # untouched
+    assert (
+        isinstance(tiny_engine.lm_head, Linear) and tiny_engine.lm_head.weight.numel() == 64 * 256
+    )  # untouched
     assert not any(isinstance(m, Linear) for m in copy.modules())
     assert isinstance(copy.lm_head, Int4Linear) and isinstance(copy.blocks[0].mlp.down, Int4Linear)
     kept = quantize(tiny_engine, "int8", inplace=False, head="float")
     assert isinstance(kept.lm_head, Linear) and isinstance(kept.blocks[0].attn.qkv, Int8Linear)
     mixed = quantize(tiny_engine, "int4", inplace=False, head="int8")
-    assert isinstance(mixed.lm_head, Int8Linear) and isinstance(mixed.blocks[0].attn.qkv, Int4Linear)
+    assert isinstance(mixed.lm_head, Int8Linear) and isinstance(
+        mixed.blocks[0].attn.qkv, Int4Linear
+    )
 
 
 def test_quantized_tiny_model_predicts_like_fp32(tiny_engine):
     model = quantize(tiny_engine, "int8", inplace=False)
     tokens = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(8))
     with torch.inference_mode():
-        agreement = (model(tokens).argmax(-1) == tiny_engine(tokens).argmax(-1)).float().mean().item()
+        agreement = (
+            (model(tokens).argmax(-1) == tiny_engine(tokens).argmax(-1)).float().mean().item()
+        )
     assert agreement >= 0.85  # a random model with sharpened weights amplifies every rounding error
 
 
@@ -196,11 +230,17 @@ def test_quantize_rejects_bad_input(tiny_engine):
         quantize(tiny_engine, "int4", group_size=48, inplace=False)  # d_model 64
 
 
-@pytest.mark.parametrize("scheme,group_size,head,min_agreement",
-                         [("int8", 32, "same", 0.9), ("int4", 32, "int8", 0.95), ("int4", 64, "int8", 0.7)])
-def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme, group_size, head, min_agreement):
+@pytest.mark.parametrize(
+    "scheme,group_size,head,min_agreement",
+    [("int8", 32, "same", 0.9), ("int4", 32, "int8", 0.95), ("int4", 64, "int8", 0.7)],
+)
+def test_quantized_smollm2_bytes_and_predictions(
+    smollm2, smollm2_engine, scheme, group_size, head, min_agreement
+):
     spec = "smollm2-135m"
-    assert smollm2_engine.weight_bytes_per_step() == pytest.approx(cost.weight_bytes(spec, "fp32"), rel=1e-3)
+    assert smollm2_engine.weight_bytes_per_step() == pytest.approx(
+        cost.weight_bytes(spec, "fp32"), rel=1e-3
+    )
     model = quantize(smollm2_engine, scheme, group_size=group_size, inplace=False, head=head)
 
     def dtype_of(module):
@@ -210,18 +250,23 @@ def test_quantized_smollm2_bytes_and_predictions(smollm2, smollm2_engine, scheme
     assert len(linears) == 4 * 30 + 1
     assert sum(state_bytes(m) for m in linears) == sum(
         m.out_features * m.in_features * cost.bytes_per_element(dtype_of(m))
-        + (2 * m.out_features if isinstance(m, Int8Linear) else 0) for m in linears)
+        + (2 * m.out_features if isinstance(m, Int8Linear) else 0)
+        for m in linears
+    )
     # The whole model against the cost model (what differs: fp32 norms, one embedding row, int8 row scales).
     body, head_params = dtype_of(linears[0]), model.lm_head.in_features * model.lm_head.out_features
     predicted = cost.weight_bytes(spec, body) + head_params * (
-        cost.bytes_per_element(dtype_of(model.lm_head)) - cost.bytes_per_element(body))
+        cost.bytes_per_element(dtype_of(model.lm_head)) - cost.bytes_per_element(body)
+    )
     assert model.weight_bytes_per_step() == pytest.approx(predicted, rel=0.01)
 
     # 256 tokens of memwall's evaluation text: on a 39-token sentence one near-tie of the fp32 model
     # (top-2 logits 0.03 apart) moved agreement by 2.6 points depending on the kernel path.
     tokens = torch.tensor([quality.eval_token_ids(smollm2[1], 256)])
     with torch.inference_mode():
-        agreement = (model(tokens).argmax(-1) == smollm2_engine(tokens).argmax(-1)).float().mean().item()
+        agreement = (
+            (model(tokens).argmax(-1) == smollm2_engine(tokens).argmax(-1)).float().mean().item()
+        )
     assert agreement >= min_agreement
 
 
@@ -237,7 +282,9 @@ def test_transformer_type_is_kept(tiny_engine):
 def test_bench_decode_quant_option(tiny_hf):
     from memwall.bench import bench_decode
 
-    kwargs = dict(prompt_tokens=4, new_tokens=3, repeats=1, warmup=0, bandwidth=1e10, progress=False)
+    kwargs = dict(
+        prompt_tokens=4, new_tokens=3, repeats=1, warmup=0, bandwidth=1e10, progress=False
+    )
     fp32 = bench_decode(tiny_hf, "memwall", **kwargs)
     int4 = bench_decode(tiny_hf, "memwall", quant="int4", group_size=32, **kwargs)
     assert int4["quant"] == "int4-g32" and "quant" not in fp32
@@ -250,7 +297,8 @@ def test_bench_decode_quant_option(tiny_hf):
     assert both["memwall-int8"]["weight_bytes"] < both["memwall"]["weight_bytes"] / 3
     assert both["memwall-int4-g32"]["weight_bytes"] == int4["weight_bytes"]
     assert both["memwall-int8"]["tok_per_s"] / both["memwall"]["tok_per_s"] == pytest.approx(
-        both["tok_per_s_over_first"]["memwall-int8"])
+        both["tok_per_s_over_first"]["memwall-int8"]
+    )
     for bad in ("int3", "int8,int8", ""):
         with pytest.raises(ValueError, match="none, int8, int4"):
             bench_decode(tiny_hf, "memwall", quant=bad, **kwargs)

@@ -14,12 +14,21 @@ def stream(n=10, seed=0, max_prompt=20, max_new=24, every=2):
     for i in range(n):
         prompt = int(torch.randint(1, max_prompt, (1,), generator=g))
         new = int(torch.randint(1, max_new, (1,), generator=g))
-        requests.append(Request(i, torch.randint(0, 256, (prompt,), generator=g).tolist(), new, arrival_step=i * every))
+        requests.append(
+            Request(
+                i,
+                torch.randint(0, 256, (prompt,), generator=g).tolist(),
+                new,
+                arrival_step=i * every,
+            )
+        )
     return requests
 
 
 def solo(model, request):
-    return generate(model, request.prompt, request.max_new_tokens, stop_tokens=request.stop_tokens).tokens
+    return generate(
+        model, request.prompt, request.max_new_tokens, stop_tokens=request.stop_tokens
+    ).tokens
 
 
 @pytest.mark.parametrize("mode", ["continuous", "static"])
@@ -37,8 +46,13 @@ def test_every_request_gets_its_solo_output(tiny_engine, mode):
 
 def test_finished_requests_leave_and_waiting_ones_join_without_draining(tiny_engine):
     # Two short requests and one long one fill a batch of 3; two more wait from step 0.
-    requests = [Request("long", [1, 2, 3], 30), Request("short1", [4, 5], 3), Request("short2", [6], 4),
-                Request("late1", [7, 8, 9], 5), Request("late2", [10], 5)]
+    requests = [
+        Request("long", [1, 2, 3], 30),
+        Request("short1", [4, 5], 3),
+        Request("short2", [6], 4),
+        Request("late1", [7, 8, 9], 5),
+        Request("late2", [10], 5),
+    ]
     scheduler = Scheduler(tiny_engine, n_blocks=64, block_size=4, max_batch=3)
     results = {r.request_id: r for r in scheduler.run(requests)}
     # The late requests start as soon as a short one leaves, long before the long one finishes...
@@ -50,10 +64,18 @@ def test_finished_requests_leave_and_waiting_ones_join_without_draining(tiny_eng
 
 
 def test_static_batching_waits_for_the_whole_batch(tiny_engine):
-    requests = [Request("long", [1, 2, 3], 12), Request("short", [4, 5], 2), Request("late", [7, 8], 3)]
+    requests = [
+        Request("long", [1, 2, 3], 12),
+        Request("short", [4, 5], 2),
+        Request("late", [7, 8], 3),
+    ]
     scheduler = Scheduler(tiny_engine, n_blocks=64, block_size=4, max_batch=2, mode="static")
     results = {r.request_id: r for r in scheduler.run(requests)}
-    assert results["late"].first_token_step == results["long"].finish_step > results["short"].finish_step
+    assert (
+        results["late"].first_token_step
+        == results["long"].finish_step
+        > results["short"].finish_step
+    )
 
 
 def test_impossible_request_is_rejected_and_nothing_else_is_lost(tiny_engine):
@@ -97,16 +119,18 @@ def test_stop_tokens_retire_a_request_early(tiny_engine):
     full = solo(tiny_engine, request)
     request.stop_tokens = (full[4],)
     result = Scheduler(tiny_engine, n_blocks=32, block_size=4).run([request])[0]
-    assert result.tokens == full[:full.index(full[4]) + 1]
+    assert result.tokens == full[: full.index(full[4]) + 1]
 
 
 def test_paging_wastes_less_than_reserving_each_requests_maximum(tiny_engine):
     scheduler = Scheduler(tiny_engine, n_blocks=64, block_size=4, max_batch=4)
     scheduler.run(stream(8, seed=4))
-    busy = [(m, r) for m, r in zip(scheduler.memory, scheduler.reserved_if_contiguous) if m.used_slots]
+    busy = [
+        (m, r) for m, r in zip(scheduler.memory, scheduler.reserved_if_contiguous) if m.used_slots
+    ]
     assert busy
     for memory, reserved in busy:
-        assert memory.wasted_slots < 4 * 4           # at most one partly filled block per request
+        assert memory.wasted_slots < 4 * 4  # at most one partly filled block per request
         assert memory.allocated_slots <= reserved + 4 * 4
     assert sum(m.allocated_slots for m, _ in busy) < sum(r for _, r in busy)
 
@@ -114,10 +138,15 @@ def test_paging_wastes_less_than_reserving_each_requests_maximum(tiny_engine):
 @pytest.mark.slow
 def test_smollm2_continuous_batching_matches_solo_decoding(smollm2, smollm2_engine):
     _, tokenizer = smollm2
-    texts = ["The capital of France is", "def fibonacci(n):",
-             "Once upon a time, in a small village by the sea, there lived"]
-    requests = [Request(i, tokenizer(t).input_ids, new, arrival_step=i * 3)
-                for i, (t, new) in enumerate(zip(texts, (16, 6, 12)))]
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a small village by the sea, there lived",
+    ]
+    requests = [
+        Request(i, tokenizer(t).input_ids, new, arrival_step=i * 3)
+        for i, (t, new) in enumerate(zip(texts, (16, 6, 12)))
+    ]
     results = Scheduler(smollm2_engine, n_blocks=8, block_size=8, max_batch=2).run(requests)
     for result, request in zip(results, requests):
         assert result.tokens == solo(smollm2_engine, request)

@@ -17,7 +17,9 @@ def server_url(smollm2, smollm2_engine):
 
 
 def post(url, body):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.read().decode()
@@ -31,11 +33,19 @@ def test_streamed_text_equals_greedy_generation(server_url, smollm2, smollm2_eng
 
     tokenizer = smollm2[1]
     prompt = "The three costs of a generated token are"
-    status, body = post(server_url + "/v1/completions", {"prompt": prompt, "max_tokens": 6, "stream": True})
+    status, body = post(
+        server_url + "/v1/completions", {"prompt": prompt, "max_tokens": 6, "stream": True}
+    )
     assert status == 200
-    chunks = [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:") and "[DONE]" not in line]
+    chunks = [
+        json.loads(line[5:])
+        for line in body.splitlines()
+        if line.startswith("data:") and "[DONE]" not in line
+    ]
     streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
-    expected = generate(smollm2_engine, tokenizer(prompt).input_ids, 6, stop_tokens=[tokenizer.eos_token_id])
+    expected = generate(
+        smollm2_engine, tokenizer(prompt).input_ids, 6, stop_tokens=[tokenizer.eos_token_id]
+    )
     assert streamed == tokenizer.decode(expected.tokens)
     assert body.rstrip().endswith("data: [DONE]")
 
@@ -59,7 +69,9 @@ def test_bench_serve_reports_ttft_and_tpot_under_load(server_url):
 
 
 def test_bench_serve_bounded_when_nothing_listens():
-    summary = run_load("http://127.0.0.1:9", concurrency=2, requests=3, max_tokens=4, duration_s=5, timeout_s=2)
+    summary = run_load(
+        "http://127.0.0.1:9", concurrency=2, requests=3, max_tokens=4, duration_s=5, timeout_s=2
+    )
     assert summary["requests"] == 3 and summary["succeeded"] == 0 and summary["errors"]
     with pytest.raises(ValueError):
         run_load("http://127.0.0.1:9", concurrency=0)

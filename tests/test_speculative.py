@@ -6,16 +6,36 @@ import torch
 
 from memwall import models
 from memwall.engine import Sampling, Transformer, generate
-from memwall.engine.drafts import ModelDraft, PromptLookupDraft, SelfDraft, first_layers, lookup, parse_draft
-from memwall.engine.speculative import exact_acceptance, expected_tokens_per_pass, speculative_generate
+from memwall.engine.drafts import (
+    ModelDraft,
+    PromptLookupDraft,
+    SelfDraft,
+    first_layers,
+    lookup,
+    parse_draft,
+)
+from memwall.engine.speculative import (
+    exact_acceptance,
+    expected_tokens_per_pass,
+    speculative_generate,
+)
 from memwall.specs import ModelSpec
 
 
 def random_engine(n_layers, d_model, seed, vocab=256, scale=8.0, max_context=128):
     """A small random Llama-shaped engine; `scale` sharpens its otherwise nearly flat logits."""
-    spec = ModelSpec(name=f"rand{n_layers}x{d_model}", n_layers=n_layers, d_model=d_model, n_heads=2,
-                     n_kv_heads=1, head_dim=d_model // 2, d_ff=2 * d_model, vocab_size=vocab,
-                     tied_embeddings=True, max_context=max_context)
+    spec = ModelSpec(
+        name=f"rand{n_layers}x{d_model}",
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=d_model // 2,
+        d_ff=2 * d_model,
+        vocab_size=vocab,
+        tied_embeddings=True,
+        max_context=max_context,
+    )
     hf = models.random_init(spec, dtype=torch.float32, seed=seed)
     with torch.no_grad():
         for p in hf.parameters():
@@ -48,8 +68,12 @@ PROMPT = [5, 17, 42, 5, 17, 99, 3, 5, 17]  # repeats, so the lookup draft finds 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_tiny_greedy_equals_plain_greedy_for_every_draft(tiny_engine, small_draft, k):
     plain = generate(tiny_engine, PROMPT, 40).tokens
-    drafts = [SelfDraft(tiny_engine, 1), SelfDraft(tiny_engine, tiny_engine.n_layers),
-              PromptLookupDraft(ngram=2), ModelDraft(small_draft)]
+    drafts = [
+        SelfDraft(tiny_engine, 1),
+        SelfDraft(tiny_engine, tiny_engine.n_layers),
+        PromptLookupDraft(ngram=2),
+        ModelDraft(small_draft),
+    ]
     for draft in drafts:
         out = speculative_generate(tiny_engine, draft, PROMPT, 40, k=k)
         assert out.tokens == plain, type(draft).__name__
@@ -57,7 +81,9 @@ def test_tiny_greedy_equals_plain_greedy_for_every_draft(tiny_engine, small_draf
 
 
 def test_full_depth_self_draft_is_always_accepted(tiny_engine):
-    out = speculative_generate(tiny_engine, SelfDraft(tiny_engine, tiny_engine.n_layers), PROMPT, 21, k=4)
+    out = speculative_generate(
+        tiny_engine, SelfDraft(tiny_engine, tiny_engine.n_layers), PROMPT, 21, k=4
+    )
     assert out.acceptance_rate == 1.0 and out.tokens_per_pass == [5] * 4 + [1]
 
 
@@ -65,14 +91,20 @@ def test_greedy_stops_at_a_stop_token_like_generate(tiny_engine):
     plain = generate(tiny_engine, PROMPT, 30).tokens
     stop = plain[12]
     expected = generate(tiny_engine, PROMPT, 30, stop_tokens={stop}).tokens
-    out = speculative_generate(tiny_engine, PromptLookupDraft(2), PROMPT, 30, k=4, stop_tokens={stop})
+    out = speculative_generate(
+        tiny_engine, PromptLookupDraft(2), PROMPT, 30, k=4, stop_tokens={stop}
+    )
     assert out.tokens == expected and out.tokens[-1] == stop
 
 
 def test_separate_draft_model_of_another_size_is_exact_and_seeded(tiny_engine, small_draft):
     sampling = Sampling(temperature=0.9, seed=11)
-    a = speculative_generate(tiny_engine, ModelDraft(small_draft), PROMPT, 25, k=3, sampling=sampling)
-    b = speculative_generate(tiny_engine, ModelDraft(small_draft), PROMPT, 25, k=3, sampling=sampling)
+    a = speculative_generate(
+        tiny_engine, ModelDraft(small_draft), PROMPT, 25, k=3, sampling=sampling
+    )
+    b = speculative_generate(
+        tiny_engine, ModelDraft(small_draft), PROMPT, 25, k=3, sampling=sampling
+    )
     assert a.tokens == b.tokens and len(a.tokens) == 25
     assert 0 <= a.accepted <= a.proposed and a.target_passes == len(a.tokens_per_pass)
 
@@ -89,7 +121,10 @@ def test_smollm2_greedy_speculative_equals_plain_greedy(smollm2, smollm2_engine)
 # ---- the output distribution is the target's ------------------------------------------------
 
 VOCAB = 12
-SAMPLINGS = {"T=1": Sampling(temperature=1.0), "T=0.7,top_p=0.9": Sampling(temperature=0.7, top_p=0.9)}
+SAMPLINGS = {
+    "T=1": Sampling(temperature=1.0),
+    "T=0.7,top_p=0.9": Sampling(temperature=0.7, top_p=0.9),
+}
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +132,9 @@ def toy_pair():
     """A 2-layer target and a different, sharper 1-layer draft over a 12-token vocabulary, picked
     so that the residual max(0, p - q) differs clearly from p (a weak test would miss that bug)."""
     with _one_thread():
-        return random_engine(2, 32, seed=0, vocab=VOCAB, scale=3.0), random_engine(1, 16, seed=5, vocab=VOCAB, scale=16.0)
+        return random_engine(2, 32, seed=0, vocab=VOCAB, scale=3.0), random_engine(
+            1, 16, seed=5, vocab=VOCAB, scale=16.0
+        )
 
 
 def exact_two_token_distribution(target, first_token, sampling):
@@ -112,14 +149,17 @@ def exact_two_token_distribution(target, first_token, sampling):
     return p1[:, None] * p2
 
 
-def sampled_two_token_counts(target, draft, first_token, sampling, samples, acceptance=exact_acceptance):
+def sampled_two_token_counts(
+    target, draft, first_token, sampling, samples, acceptance=exact_acceptance
+):
     counts = torch.zeros(VOCAB, VOCAB)
     for seed in range(samples):
         seeded = Sampling(sampling.temperature, sampling.top_p, seed=seed)
         # k=1, 2 tokens: an accepted guess then a bonus token, or a rejection, the residual, a
         # rollback and one more target pass: every branch of the algorithm.
-        x1, x2 = speculative_generate(target, ModelDraft(draft), [first_token], 2, k=1,
-                                      sampling=seeded, acceptance=acceptance).tokens
+        x1, x2 = speculative_generate(
+            target, ModelDraft(draft), [first_token], 2, k=1, sampling=seeded, acceptance=acceptance
+        ).tokens
         counts[x1, x2] += 1
     return counts
 
@@ -135,7 +175,9 @@ def chi_square_p_value(counts, probs, min_expected=5.0):
     keep = expected > 0
     statistic = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()
     dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic.double() / 2))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic.double() / 2)
+    )
 
 
 def p_values(counts, exact):
@@ -168,17 +210,23 @@ def resample_from_target(p, q, guesses, generator=None):
     return n, int(torch.multinomial(p[n], 1, generator=generator))
 
 
-@pytest.mark.parametrize("broken_rule", [always_accept, resample_from_target], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "broken_rule", [always_accept, resample_from_target], ids=lambda f: f.__name__
+)
 def test_the_statistical_test_catches_a_broken_acceptance_rule(toy_pair, broken_rule):
     target, draft = toy_pair
     sampling = SAMPLINGS["T=1"]
     exact = exact_two_token_distribution(target, FIRST, sampling)
-    counts = sampled_two_token_counts(target, draft, FIRST, sampling, samples=400, acceptance=broken_rule)
+    counts = sampled_two_token_counts(
+        target, draft, FIRST, sampling, samples=400, acceptance=broken_rule
+    )
     assert min(p_values(counts, exact)) < 1e-6
 
 
 def test_exact_rule_on_a_toy_distribution_reproduces_p():
-    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])  # row 1 is only used for a bonus token
+    p = torch.tensor(
+        [[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]]
+    )  # row 1 is only used for a bonus token
     q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
     generator = torch.Generator().manual_seed(0)
     counts = torch.zeros(4)
@@ -191,11 +239,12 @@ def test_exact_rule_on_a_toy_distribution_reproduces_p():
 
 # ---- pieces -------------------------------------------------------------------------------
 
+
 def test_expected_tokens_per_pass_formula():
     assert expected_tokens_per_pass(0.0, 4) == 1.0
     assert expected_tokens_per_pass(1.0, 4) == 5.0
     assert expected_tokens_per_pass(0.5, 1) == pytest.approx(1.5)
-    assert expected_tokens_per_pass(0.8, 4) == pytest.approx(sum(0.8 ** i for i in range(5)))
+    assert expected_tokens_per_pass(0.8, 4) == pytest.approx(sum(0.8**i for i in range(5)))
 
 
 def test_lookup_finds_latest_earlier_ngram():
@@ -242,7 +291,9 @@ class _one_thread:
 def test_bench_speculative_reports_alpha_and_the_formula(tiny_engine):
     from memwall.bench.speculative import bench_speculative
 
-    result = bench_speculative(tiny_engine, "self:3", k=2, new_tokens=9, repeats=1, warmup=0, progress=False)
+    result = bench_speculative(
+        tiny_engine, "self:3", k=2, new_tokens=9, repeats=1, warmup=0, progress=False
+    )
     assert result["acceptance_rate"] == 1.0 and result["identical_to_plain"]
     assert result["mean_tokens_per_pass"] == result["formula_tokens_per_pass"] == 3.0
     assert result["tokens_per_pass"] == [3, 3, 3] and result["speedup"] > 0

@@ -28,8 +28,11 @@ def _drop_repeated_scripts(app, pagename, templatename, context, doctree) -> Non
 def _identity(script) -> tuple:
     # An inline script is stored once with filename None and once with "", hence `or ""`.
     attributes = getattr(script, "attributes", {})
-    return (getattr(script, "filename", str(script)) or "", getattr(script, "priority", 500),
-            tuple(sorted((k, str(v)) for k, v in attributes.items())))
+    return (
+        getattr(script, "filename", str(script)) or "",
+        getattr(script, "priority", 500),
+        tuple(sorted((k, str(v)) for k, v in attributes.items())),
+    )
 
 
 def setup(app):

@@ -39,8 +39,11 @@ SUBCOMMANDS = {
 
 def register_cli(subparsers) -> None:
     """Add `memwall bench` and, under it, every benchmark whose module exists."""
-    parser = subparsers.add_parser("bench", help="measure decode speed against transformers and the roofline",
-                                   description="Benchmarks. `memwall bench <benchmark> --help` for options.")
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure decode speed against transformers and the roofline",
+        description="Benchmarks. `memwall bench <benchmark> --help` for options.",
+    )
     benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     for module_name in SUBCOMMANDS.values():
         if importlib.util.find_spec(module_name) is None:
@@ -54,4 +57,3 @@ def register_cli(subparsers) -> None:
         return 2
 
     parser.set_defaults(run=run_without_benchmark)
-

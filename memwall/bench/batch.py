@@ -27,18 +27,22 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
 def parse_batches(text: str) -> list[int]:
-    """"1,2,4" -> [1, 2, 4]; a ValueError for anything that is not a list of positive integers."""
+    """ "1,2,4" -> [1, 2, 4]; a ValueError for anything that is not a list of positive integers."""
     try:
         batches = [int(part) for part in str(text).split(",") if part.strip()]
     except ValueError:
         batches = []
     if not batches or min(batches) < 1:
-        raise ValueError(f"--batch must be a comma-separated list of positive integers, e.g. 1,2,4,8; got {text!r}")
+        raise ValueError(
+            f"--batch must be a comma-separated list of positive integers, e.g. 1,2,4,8; got {text!r}"
+        )
     return batches
 
 
 @torch.inference_mode()
-def time_decode_steps(engine_model, batch: int, context: int, new_tokens: int, seed: int = 0) -> dict:
+def time_decode_steps(
+    engine_model, batch: int, context: int, new_tokens: int, seed: int = 0
+) -> dict:
     """Median seconds of one decode step for `batch` sequences that each hold `context` cached tokens."""
     generator = torch.Generator().manual_seed(seed)
     cache = engine_model.new_cache(batch=batch, max_tokens=context + new_tokens)
@@ -64,19 +68,41 @@ def predicted(spec, hardware, dtype: str, batch: int, context: int) -> dict:
     """The cost model's ledger and roofline bound for one decode step at this batch and context."""
     from memwall import cost
 
-    step = cost.step(spec, batch=batch, context=context, new_tokens=1, weight_dtype=dtype,
-                     count_input_embedding=False)
+    step = cost.step(
+        spec,
+        batch=batch,
+        context=context,
+        new_tokens=1,
+        weight_dtype=dtype,
+        count_input_embedding=False,
+    )
     seconds = cost.step_time_lower_bound(step, hardware)
-    return {"predicted_weight_bytes": step.weight_bytes, "predicted_kv_bytes": step.kv_bytes,
-            "predicted_bytes_per_step": step.total_bytes, "predicted_flops_per_step": step.flops,
-            "predicted_step_ms": seconds * 1e3, "predicted_tok_per_s": batch / seconds,
-            "predicted_bound": "memory" if cost.memory_time(step, hardware) >= cost.compute_time(step, hardware)
-            else "compute"}
+    return {
+        "predicted_weight_bytes": step.weight_bytes,
+        "predicted_kv_bytes": step.kv_bytes,
+        "predicted_bytes_per_step": step.total_bytes,
+        "predicted_flops_per_step": step.flops,
+        "predicted_step_ms": seconds * 1e3,
+        "predicted_tok_per_s": batch / seconds,
+        "predicted_bound": "memory"
+        if cost.memory_time(step, hardware) >= cost.compute_time(step, hardware)
+        else "compute",
+    }
 
 
-def bench_batch(model="smollm2-135m", batches=DEFAULT_BATCHES, *, context: int = 32, new_tokens: int = 16,
-                device: str | None = None, dtype: str | None = None, repeats: int = 3, warmup: int = 1,
-                hardware=None, progress: bool | None = None) -> dict:
+def bench_batch(
+    model="smollm2-135m",
+    batches=DEFAULT_BATCHES,
+    *,
+    context: int = 32,
+    new_tokens: int = 16,
+    device: str | None = None,
+    dtype: str | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    hardware=None,
+    progress: bool | None = None,
+) -> dict:
     """Time batched decode for each batch size; return a dict with one row per B.
 
     model: a name ("smollm2-135m", "random:llama-3-8b") or a loaded transformers model.
@@ -98,8 +124,10 @@ def bench_batch(model="smollm2-135m", batches=DEFAULT_BATCHES, *, context: int =
         device, dtype = str(parameter.device), harness.dtype_name(parameter.dtype)
     config = hf_model.config
     if context + new_tokens > config.max_position_embeddings:
-        raise ValueError(f"context + new_tokens = {context + new_tokens} exceeds the model's "
-                         f"context of {config.max_position_embeddings} tokens.")
+        raise ValueError(
+            f"context + new_tokens = {context + new_tokens} exceeds the model's "
+            f"context of {config.max_position_embeddings} tokens."
+        )
     spec = ModelSpec.from_hf_config(config, name=name)
     engine_model = Transformer.from_hf(hf_model)
     del hf_model
@@ -108,7 +136,10 @@ def bench_batch(model="smollm2-135m", batches=DEFAULT_BATCHES, *, context: int =
 
         hardware = measure(device).as_hardware()
 
-    runs = {b: (lambda b=b: time_decode_steps(engine_model, b, context, new_tokens, seed=b)) for b in batches}
+    runs = {
+        b: (lambda b=b: time_decode_steps(engine_model, b, context, new_tokens, seed=b))
+        for b in batches
+    }
     samples = harness.run_interleaved(runs, repeats, warmup, f"batch {name}", progress)
     weight_bytes = engine_model.weight_bytes_per_step()
     kv_per_token = engine_model.new_cache(batch=1, max_tokens=1).nbytes
@@ -117,56 +148,103 @@ def bench_batch(model="smollm2-135m", batches=DEFAULT_BATCHES, *, context: int =
     for b in batches:
         step_s = harness.medians(samples[b])["step_s"]
         bytes_per_step = weight_bytes + b * mean_context * kv_per_token
-        rows.append({"batch": b, "tok_per_s": b / step_s, "ms_per_token": step_s * 1e3,
-                     "weight_bytes": weight_bytes, "kv_bytes": b * mean_context * kv_per_token,
-                     "bytes_per_step": bytes_per_step,
-                     "achieved_bandwidth_bytes_per_s": bytes_per_step / step_s,
-                     **predicted(spec, hardware, dtype, b, round(mean_context)),
-                     "ms_per_token_repeats": [s["step_s"] * 1e3 for s in samples[b]]})
+        rows.append(
+            {
+                "batch": b,
+                "tok_per_s": b / step_s,
+                "ms_per_token": step_s * 1e3,
+                "weight_bytes": weight_bytes,
+                "kv_bytes": b * mean_context * kv_per_token,
+                "bytes_per_step": bytes_per_step,
+                "achieved_bandwidth_bytes_per_s": bytes_per_step / step_s,
+                **predicted(spec, hardware, dtype, b, round(mean_context)),
+                "ms_per_token_repeats": [s["step_s"] * 1e3 for s in samples[b]],
+            }
+        )
     for row in rows:
         row["fraction_of_prediction"] = row["tok_per_s"] / row["predicted_tok_per_s"]
         row["speedup_over_first"] = row["tok_per_s"] / rows[0]["tok_per_s"]
-    return {"model": name, **harness.environment(device), "dtype": dtype, "context": context,
-            "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup,
-            "bandwidth_bytes_per_s": hardware.memory_bandwidth,
-            "peak_flops": hardware.peak_flops.get(dtype, max(hardware.peak_flops.values())),
-            "rows": rows}
+    return {
+        "model": name,
+        **harness.environment(device),
+        "dtype": dtype,
+        "context": context,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "warmup": warmup,
+        "bandwidth_bytes_per_s": hardware.memory_bandwidth,
+        "peak_flops": hardware.peak_flops.get(dtype, max(hardware.peak_flops.values())),
+        "rows": rows,
+    }
 
 
 # ---- command line ------------------------------------------------------------------------------
 
+
 def add_cli(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
-        "batch", help="decode tok/s and latency against batch size, next to the cost model",
+        "batch",
+        help="decode tok/s and latency against batch size, next to the cost model",
         description="Time batched greedy decode for each batch size; report total tok/s, per-request "
-                    "ms per token, bytes per step and the roofline prediction from measured bandwidth/FLOP/s.")
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="model name, or random:<catalog spec> for random weights (e.g. random:llama-3-8b)")
-    parser.add_argument("--batch", default=",".join(map(str, DEFAULT_BATCHES)),
-                        help="comma-separated batch sizes (default 1,2,4,8,16,32)")
-    parser.add_argument("--context", type=int, default=32,
-                        help="cached tokens per sequence before the timed steps (default 32); "
-                             "raise it to see the KV cache take over from the weights")
-    parser.add_argument("--new-tokens", type=int, default=16, help="decode steps timed per run (default 16)")
-    parser.add_argument("--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)")
-    parser.add_argument("--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per batch size; medians (default 3)")
+        "ms per token, bytes per step and the roofline prediction from measured bandwidth/FLOP/s.",
+    )
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model name, or random:<catalog spec> for random weights (e.g. random:llama-3-8b)",
+    )
+    parser.add_argument(
+        "--batch",
+        default=",".join(map(str, DEFAULT_BATCHES)),
+        help="comma-separated batch sizes (default 1,2,4,8,16,32)",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=32,
+        help="cached tokens per sequence before the timed steps (default 32); "
+        "raise it to see the KV cache take over from the weights",
+    )
+    parser.add_argument(
+        "--new-tokens", type=int, default=16, help="decode steps timed per run (default 16)"
+    )
+    parser.add_argument(
+        "--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per batch size; medians (default 3)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
 
 
 def run_cli(args) -> int:
-    result = bench_batch(args.model, parse_batches(args.batch), context=args.context, new_tokens=args.new_tokens,
-                         device=args.device, dtype=args.dtype, repeats=args.repeats, warmup=args.warmup)
+    result = bench_batch(
+        args.model,
+        parse_batches(args.batch),
+        context=args.context,
+        new_tokens=args.new_tokens,
+        device=args.device,
+        dtype=args.dtype,
+        repeats=args.repeats,
+        warmup=args.warmup,
+    )
     if args.json:
         harness.print_result(result, as_json=True)
         return 0
     harness.print_result({k: v for k, v in result.items() if k != "rows"}, as_json=False)
-    print(f"{'B':>4} {'tok/s':>9} {'ms/token':>9} {'MB/step':>9} {'GB/s':>7} {'predicted tok/s':>16} "
-          f"{'bound':>8} {'of pred.':>9} {'x B=' + str(result['rows'][0]['batch']):>7}")
+    print(
+        f"{'B':>4} {'tok/s':>9} {'ms/token':>9} {'MB/step':>9} {'GB/s':>7} {'predicted tok/s':>16} "
+        f"{'bound':>8} {'of pred.':>9} {'x B=' + str(result['rows'][0]['batch']):>7}"
+    )
     for r in result["rows"]:
-        print(f"{r['batch']:>4} {r['tok_per_s']:>9.1f} {r['ms_per_token']:>9.1f} {r['bytes_per_step'] / 1e6:>9.1f} "
-              f"{r['achieved_bandwidth_bytes_per_s'] / 1e9:>7.1f} {r['predicted_tok_per_s']:>16.1f} "
-              f"{r['predicted_bound']:>8} {r['fraction_of_prediction']:>9.0%} {r['speedup_over_first']:>7.2f}")
+        print(
+            f"{r['batch']:>4} {r['tok_per_s']:>9.1f} {r['ms_per_token']:>9.1f} {r['bytes_per_step'] / 1e6:>9.1f} "
+            f"{r['achieved_bandwidth_bytes_per_s'] / 1e9:>7.1f} {r['predicted_tok_per_s']:>16.1f} "
+            f"{r['predicted_bound']:>8} {r['fraction_of_prediction']:>9.0%} {r['speedup_over_first']:>7.2f}"
+        )
     return 0

@@ -25,10 +25,22 @@ from memwall.bench import harness, workload
 ENGINES = ("memwall", "hf")
 
 
-def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=None, device: str | None = None,
-                 dtype: str | None = None, prompt_tokens: int = 32, new_tokens: int = 128, repeats: int = 3,
-                 warmup: int = 1, bandwidth: float | None = None, progress: bool | None = None,
-                 quant: str | None = None, group_size: int = 32) -> dict:
+def bench_decode(
+    model="smollm2-135m",
+    engine: str = "memwall",
+    *,
+    tokenizer=None,
+    device: str | None = None,
+    dtype: str | None = None,
+    prompt_tokens: int = 32,
+    new_tokens: int = 128,
+    repeats: int = 3,
+    warmup: int = 1,
+    bandwidth: float | None = None,
+    progress: bool | None = None,
+    quant: str | None = None,
+    group_size: int = 32,
+) -> dict:
     """Time batch-1 greedy decode and return a dict of medians and roofline figures.
 
     model: a name ("smollm2-135m", "random:llama-3-8b"), or an already loaded transformers model
@@ -43,9 +55,13 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
         and `tok_per_s_over_first`, each format's tokens/s over the first one's.
     """
     if engine not in (*ENGINES, "compare"):
-        raise ValueError(f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}.")
+        raise ValueError(
+            f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}."
+        )
     harness.check_count("prompt_tokens", prompt_tokens, 1)
-    harness.check_count("new_tokens", new_tokens, 2)  # one decode step at least, after the first token
+    harness.check_count(
+        "new_tokens", new_tokens, 2
+    )  # one decode step at least, after the first token
     engines = ENGINES if engine == "compare" else (engine,)
     quants = _parse_quants(quant)
     if quants != [None] and "memwall" not in engines:
@@ -65,8 +81,10 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
         device, dtype = str(parameter.device), harness.dtype_name(parameter.dtype)
     config = hf_model.config
     if prompt_tokens + new_tokens > config.max_position_embeddings:
-        raise ValueError(f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the model's "
-                         f"context of {config.max_position_embeddings} tokens.")
+        raise ValueError(
+            f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the model's "
+            f"context of {config.max_position_embeddings} tokens."
+        )
     prompt = workload.make_prompt(prompt_tokens, config.vocab_size, tokenizer)
 
     runs, weight_bytes, kv_per_token = {}, {}, {}
@@ -76,9 +94,17 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
 
         base = Transformer.from_hf(hf_model)
         for q in quants:
-            label = "memwall" if q is None or not side_by_side else f"memwall-{_quant_dtype(q, group_size)}"
+            label = (
+                "memwall"
+                if q is None or not side_by_side
+                else f"memwall-{_quant_dtype(q, group_size)}"
+            )
             # One format: quantize in place, so a large model is never held twice.
-            variant = base if q is None else quantize(base, q, group_size=group_size, inplace=not side_by_side)
+            variant = (
+                base
+                if q is None
+                else quantize(base, q, group_size=group_size, inplace=not side_by_side)
+            )
             runs[label] = lambda m=variant: time_memwall(m, prompt, new_tokens)
             weight_bytes[label] = variant.weight_bytes_per_step()
             kv_per_token[label] = variant.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
@@ -87,7 +113,9 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
     if "hf" in engines:
         runs["hf"] = lambda: time_hf(hf_model, prompt, new_tokens)
         weight_bytes["hf"] = workload.hf_weight_bytes_per_step(hf_model)
-        kv_per_token["hf"] = workload.kv_bytes_per_token(config, torch.finfo(harness.DTYPES[dtype]).bits // 8)
+        kv_per_token["hf"] = workload.kv_bytes_per_token(
+            config, torch.finfo(harness.DTYPES[dtype]).bits // 8
+        )
 
     if bandwidth is None:
         from memwall.hardware import measure
@@ -95,19 +123,39 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
         bandwidth = measure(device).bandwidth
     samples = harness.run_interleaved(runs, repeats, warmup, f"decode {name}", progress)
 
-    shared = {"model": name, **harness.environment(device), "dtype": dtype, "prompt_tokens": prompt_tokens,
-              "new_tokens": new_tokens, "repeats": repeats, "warmup": warmup}
-    per_engine = {e: summarize(e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens,
-                               new_tokens, bandwidth) for e in runs}
+    shared = {
+        "model": name,
+        **harness.environment(device),
+        "dtype": dtype,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "warmup": warmup,
+    }
+    per_engine = {
+        e: summarize(
+            e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens, new_tokens, bandwidth
+        )
+        for e in runs
+    }
     if side_by_side:
         for label, q in zip(runs, quants):
             per_engine[label]["cost_model_weight_bytes"] = _cost_model_weight_bytes(
-                config, _quant_dtype(q, group_size) or dtype)
+                config, _quant_dtype(q, group_size) or dtype
+            )
         first = per_engine[next(iter(runs))]["tok_per_s"]
-        return {"engine": "memwall", **shared, **per_engine,
-                "tok_per_s_over_first": {label: v["tok_per_s"] / first for label, v in per_engine.items()}}
+        return {
+            "engine": "memwall",
+            **shared,
+            **per_engine,
+            "tok_per_s_over_first": {
+                label: v["tok_per_s"] / first for label, v in per_engine.items()
+            },
+        }
     quant = quants[0]
-    shared["cost_model_weight_bytes"] = _cost_model_weight_bytes(config, _quant_dtype(quant, group_size) or dtype)
+    shared["cost_model_weight_bytes"] = _cost_model_weight_bytes(
+        config, _quant_dtype(quant, group_size) or dtype
+    )
     if quant is not None:
         shared["quant"] = _quant_dtype(quant, group_size)
     if engine != "compare":
@@ -116,8 +164,15 @@ def bench_decode(model="smollm2-135m", engine: str = "memwall", *, tokenizer=Non
     return {"engine": "compare", **shared, **per_engine, "memwall_over_hf_tok_per_s": ratio}
 
 
-def summarize(engine: str, samples: list[dict], weight_bytes: int, kv_bytes_per_token: int,
-              prompt_tokens: int, new_tokens: int, bandwidth: float) -> dict:
+def summarize(
+    engine: str,
+    samples: list[dict],
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    bandwidth: float,
+) -> dict:
     """Medians over repeats, and the bytes a step moves at the mean context of the decode steps."""
     median = harness.medians(samples)
     # Decode step j (j = 1 .. new_tokens - 1) attends prompt_tokens + j positions: mean P + N/2.
@@ -125,11 +180,19 @@ def summarize(engine: str, samples: list[dict], weight_bytes: int, kv_bytes_per_
     kv_bytes = kv_bytes_per_token * mean_context
     bytes_per_step = weight_bytes + kv_bytes
     tok_per_s = 1 / median["tpot_s"]
-    return {"engine": engine, "ttft_ms": median["ttft_s"] * 1e3, "ms_per_token": median["tpot_s"] * 1e3,
-            "tok_per_s": tok_per_s, "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token,
-            "mean_context": mean_context, "kv_bytes": kv_bytes, "bytes_per_step": bytes_per_step,
-            **harness.roofline_fields(tok_per_s, bytes_per_step, bandwidth),
-            "ms_per_token_repeats": [s["tpot_s"] * 1e3 for s in samples]}
+    return {
+        "engine": engine,
+        "ttft_ms": median["ttft_s"] * 1e3,
+        "ms_per_token": median["tpot_s"] * 1e3,
+        "tok_per_s": tok_per_s,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_bytes_per_token,
+        "mean_context": mean_context,
+        "kv_bytes": kv_bytes,
+        "bytes_per_step": bytes_per_step,
+        **harness.roofline_fields(tok_per_s, bytes_per_step, bandwidth),
+        "ms_per_token_repeats": [s["tpot_s"] * 1e3 for s in samples],
+    }
 
 
 def _parse_quants(quant) -> list[str | None]:
@@ -140,8 +203,10 @@ def _parse_quants(quant) -> list[str | None]:
     quants = [None if part in (None, "none") else part for part in parts]
     bad = [part for part in quants if part not in (None, "int8", "int4")]
     if not quants or bad or len(set(quants)) < len(quants):
-        raise ValueError(f"quant must be int8, int4, or a list of distinct formats among none, int8, int4 "
-                         f"(e.g. none,int8,int4); got {quant!r}")
+        raise ValueError(
+            f"quant must be int8, int4, or a list of distinct formats among none, int8, int4 "
+            f"(e.g. none,int8,int4); got {quant!r}"
+        )
     return quants
 
 
@@ -159,6 +224,7 @@ def _cost_model_weight_bytes(config, dtype: str) -> float:
 
 
 # ---- one timed generation per engine -----------------------------------------------------------
+
 
 def time_memwall(engine_model, prompt: list[int], new_tokens: int) -> dict:
     from memwall.engine import generate
@@ -189,10 +255,14 @@ def time_hf(hf_model, prompt: list[int], new_tokens: int) -> dict:
     ids = torch.tensor([prompt], device=device)
     # No end-of-sequence token, so it generates exactly new_tokens; an explicit mask, so no prompt
     # token is mistaken for padding.
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     clock = _TokenClock(device)
     start = time.perf_counter()
-    hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, streamer=clock)
+    hf_model.generate(
+        ids, attention_mask=torch.ones_like(ids), generation_config=config, streamer=clock
+    )
     times = clock.times[1:]  # the first put() is the prompt itself
     if len(times) != new_tokens:
         raise RuntimeError(f"transformers generated {len(times)} tokens, expected {new_tokens}")
@@ -201,37 +271,72 @@ def time_hf(hf_model, prompt: list[int], new_tokens: int) -> dict:
 
 # ---- command line ------------------------------------------------------------------------------
 
+
 def add_cli(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
-        "decode", help="time batch-1 decode against transformers and the bandwidth roofline",
+        "decode",
+        help="time batch-1 decode against transformers and the bandwidth roofline",
         description="Time batch-1 greedy decode; report tok/s, bytes per step and the fraction of the "
-                    "measured-bandwidth roofline.")
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="model name, or random:<catalog spec> for random weights (e.g. random:llama-3-8b)")
+        "measured-bandwidth roofline.",
+    )
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model name, or random:<catalog spec> for random weights (e.g. random:llama-3-8b)",
+    )
     parser.add_argument("--engine", choices=ENGINES, default="memwall", help="which engine to time")
-    parser.add_argument("--compare", action="store_true", help="time memwall and hf in one process, add the ratio")
-    parser.add_argument("--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)")
-    parser.add_argument("--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument(
+        "--compare", action="store_true", help="time memwall and hf in one process, add the ratio"
+    )
+    parser.add_argument(
+        "--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine; medians reported (default 3)")
+    parser.add_argument(
+        "--new-tokens", type=int, default=128, help="tokens generated per run (default 128)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per engine; medians reported (default 3)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
-    parser.add_argument("--quant",
-                        help="quantize memwall's engine weight-only: int8 (per channel) or int4 (per group); "
-                             "a list such as none,int8,int4 times the formats side by side, interleaved")
+    parser.add_argument(
+        "--quant",
+        help="quantize memwall's engine weight-only: int8 (per channel) or int4 (per group); "
+        "a list such as none,int8,int4 times the formats side by side, interleaved",
+    )
     parser.add_argument("--group-size", type=int, default=32, help="int4 group size (default 32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
 
 
 def run_cli(args) -> int:
-    result = bench_decode(args.model, "compare" if args.compare else args.engine, device=args.device,
-                          dtype=args.dtype, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                          repeats=args.repeats, warmup=args.warmup, quant=args.quant, group_size=args.group_size)
-    columns = list(ENGINES) if args.compare else [key for key in result if key.startswith("memwall")] or None
+    result = bench_decode(
+        args.model,
+        "compare" if args.compare else args.engine,
+        device=args.device,
+        dtype=args.dtype,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        quant=args.quant,
+        group_size=args.group_size,
+    )
+    columns = (
+        list(ENGINES)
+        if args.compare
+        else [key for key in result if key.startswith("memwall")] or None
+    )
     harness.print_result(result, args.json, columns=columns)
     if "tok_per_s_over_first" in result and not args.json:
-        print("tok/s over the first format: " + ", ".join(
-            f"{label} {ratio:.2f}x" for label, ratio in result["tok_per_s_over_first"].items()))
+        print(
+            "tok/s over the first format: "
+            + ", ".join(
+                f"{label} {ratio:.2f}x" for label, ratio in result["tok_per_s_over_first"].items()
+            )
+        )
     harness.warn_if_busy(result)
     return 0

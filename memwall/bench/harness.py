@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -30,8 +30,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "GO
 
 # ---- options shared by every subcommand ------------------------------------------------------
 
+
 def resolve_device(device: str | None) -> str:
-    """"cpu" or "cuda" (default: cuda when available), or a ValueError naming the choices."""
+    """ "cpu" or "cuda" (default: cuda when available), or a ValueError naming the choices."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     kind = str(device).split(":")[0]
@@ -78,24 +79,32 @@ def environment(device: str) -> dict:
         load = os.getloadavg()[0]
     except OSError:
         load = None
-    return {"device": torch.device(device).type, "device_name": _device_name(torch.device(device)),
-            "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-            "load_average_1min": load, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            # Thread settings change CPU results a lot, above all on a busy machine: record them.
-            **{name.lower(): os.environ[name] for name in THREAD_VARIABLES if name in os.environ}}
+    return {
+        "device": torch.device(device).type,
+        "device_name": _device_name(torch.device(device)),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "load_average_1min": load,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        # Thread settings change CPU results a lot, above all on a busy machine: record them.
+        **{name.lower(): os.environ[name] for name in THREAD_VARIABLES if name in os.environ},
+    }
 
 
 def warn_if_busy(result: dict) -> None:
     """On stderr: a CPU result taken while other work wanted the cores is not worth much alone."""
     load, threads = result.get("load_average_1min"), result.get("threads") or 1
     if result.get("device") == "cpu" and load is not None and load > threads:
-        print(f"memwall bench: the 1-minute load average was {load:.1f} on {threads} threads: other programs "
-              "competed for the cores, so absolute times are inflated (ratios from one run hold up better). "
-              "On a shared machine, OMP_WAIT_POLICY=PASSIVE stops idle OpenMP threads from spinning.",
-              file=sys.stderr)
+        print(
+            f"memwall bench: the 1-minute load average was {load:.1f} on {threads} threads: other programs "
+            "competed for the cores, so absolute times are inflated (ratios from one run hold up better). "
+            "On a shared machine, OMP_WAIT_POLICY=PASSIVE stops idle OpenMP threads from spinning.",
+            file=sys.stderr,
+        )
 
 
 # ---- repeats and medians -----------------------------------------------------------------------
+
 
 class _NoProgress:
     def update(self, n=1):
@@ -116,8 +125,13 @@ def progress_bar(total: int, description: str, enabled: bool | None = None):
     return tqdm(total=total, desc=description, file=sys.stderr, leave=False)
 
 
-def run_interleaved(runs: Mapping[str, Callable[[], dict]], repeats: int, warmup: int = 1,
-                    description: str = "bench", progress: bool | None = None) -> dict[str, list[dict]]:
+def run_interleaved(
+    runs: Mapping[str, Callable[[], dict]],
+    repeats: int,
+    warmup: int = 1,
+    description: str = "bench",
+    progress: bool | None = None,
+) -> dict[str, list[dict]]:
     """Call each function in `runs` warmup + repeats times, round-robin; keep the timed repeats.
 
     Each function does one complete measurement and returns a dict of numbers (e.g. seconds).
@@ -147,13 +161,16 @@ def medians(samples: list[dict]) -> dict:
 def roofline_fields(tok_per_s: float, bytes_per_step: float, bandwidth: float) -> dict:
     """Where a measured decode speed sits under the bandwidth ceiling: tokens/s <= bandwidth / bytes."""
     roofline = bandwidth / bytes_per_step
-    return {"measured_bandwidth_bytes_per_s": bandwidth,
-            "achieved_bandwidth_bytes_per_s": tok_per_s * bytes_per_step,
-            "roofline_tok_per_s": roofline,
-            "fraction_of_roofline": tok_per_s / roofline}
+    return {
+        "measured_bandwidth_bytes_per_s": bandwidth,
+        "achieved_bandwidth_bytes_per_s": tok_per_s * bytes_per_step,
+        "roofline_tok_per_s": roofline,
+        "fraction_of_roofline": tok_per_s / roofline,
+    }
 
 
 # ---- output ------------------------------------------------------------------------------------
+
 
 def _format(value) -> str:
     if isinstance(value, float):
@@ -168,7 +185,11 @@ def print_result(result: dict, as_json: bool, columns: list[str] | None = None) 
         print(json.dumps(result, indent=2))
         return
     if not columns:
-        rows = [(key, _format(value)) for key, value in result.items() if not isinstance(value, (list, dict))]
+        rows = [
+            (key, _format(value))
+            for key, value in result.items()
+            if not isinstance(value, (list, dict))
+        ]
         width = max(len(key) for key, _ in rows)
         for key, value in rows:
             print(f"{key:<{width}}  {value}")
@@ -180,4 +201,7 @@ def print_result(result: dict, as_json: bool, columns: list[str] | None = None) 
         print(f"{key:<{width}}  {value}")
     print(f"{'':<{width}}  " + "  ".join(f"{name:>14}" for name in columns))
     for key in keys:
-        print(f"{key:<{width}}  " + "  ".join(f"{_format(result[name].get(key, '')):>14}" for name in columns))
+        print(
+            f"{key:<{width}}  "
+            + "  ".join(f"{_format(result[name].get(key, '')):>14}" for name in columns)
+        )

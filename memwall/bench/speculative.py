@@ -15,8 +15,6 @@ Runs plain decoding and speculative decoding of the same model on the same promp
 
 from __future__ import annotations
 
-import torch
-
 from memwall.bench import harness, workload
 
 PROMPTS = {
@@ -33,15 +31,28 @@ def prompt_ids(tokenizer, prompt: str, vocab_size: int) -> list[int]:
         return workload.make_prompt(32, vocab_size)
     text = PROMPTS.get(prompt, prompt)
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def bench_speculative(model="smollm2-135m", draft: str = "self:8", k: int = 4, *, prompt: str = "quote",
-                      new_tokens: int = 64, temperature: float = 0.0, seed: int = 0, repeats: int = 3,
-                      warmup: int = 1, device: str | None = None, dtype: str | None = None,
-                      tokenizer=None, progress: bool | None = None) -> dict:
+def bench_speculative(
+    model="smollm2-135m",
+    draft: str = "self:8",
+    k: int = 4,
+    *,
+    prompt: str = "quote",
+    new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    repeats: int = 3,
+    warmup: int = 1,
+    device: str | None = None,
+    dtype: str | None = None,
+    tokenizer=None,
+    progress: bool | None = None,
+) -> dict:
     """Time plain vs speculative decoding and return a dict of medians and acceptance figures.
 
     model: a name (see `memwall.bench.workload`) or a memwall engine `Transformer` (then pass
@@ -79,21 +90,36 @@ def bench_speculative(model="smollm2-135m", draft: str = "self:8", k: int = 4, *
         out = generate(target, ids, new_tokens, sampling, stop_tokens=stop)
         last["plain"] = out.tokens
         decode_s = sum(out.step_times_s)
-        return {"tok_per_s": (len(out.tokens) - 1) / decode_s if decode_s else float("nan"),
-                "ms_per_step": 1e3 * decode_s / max(1, len(out.step_times_s)), "tokens": len(out.tokens)}
+        return {
+            "tok_per_s": (len(out.tokens) - 1) / decode_s if decode_s else float("nan"),
+            "ms_per_step": 1e3 * decode_s / max(1, len(out.step_times_s)),
+            "tokens": len(out.tokens),
+        }
 
     def run_speculative():
-        out = speculative_generate(target, draft_obj, ids, new_tokens, k, sampling, stop_tokens=stop)
+        out = speculative_generate(
+            target, draft_obj, ids, new_tokens, k, sampling, stop_tokens=stop
+        )
         runs.append(out)
         passes = out.target_passes
-        return {"tok_per_s": len(out.tokens) / (out.total_s - out.prefill_s),
-                "draft_ms_per_pass": 1e3 * out.draft_s / passes,
-                "verify_ms_per_pass": 1e3 * out.verify_s / passes, "tokens": len(out.tokens)}
+        return {
+            "tok_per_s": len(out.tokens) / (out.total_s - out.prefill_s),
+            "draft_ms_per_pass": 1e3 * out.draft_s / passes,
+            "verify_ms_per_pass": 1e3 * out.verify_s / passes,
+            "tokens": len(out.tokens),
+        }
 
-    samples = harness.run_interleaved({"plain": run_plain, "speculative": run_speculative}, repeats, warmup,
-                                      f"speculative {draft} k={k}", progress)
+    samples = harness.run_interleaved(
+        {"plain": run_plain, "speculative": run_speculative},
+        repeats,
+        warmup,
+        f"speculative {draft} k={k}",
+        progress,
+    )
     plain, spec = harness.medians(samples["plain"]), harness.medians(samples["speculative"])
-    timed = runs[-repeats:]  # acceptance figures pooled over the timed runs (identical runs when greedy)
+    timed = runs[
+        -repeats:
+    ]  # acceptance figures pooled over the timed runs (identical runs when greedy)
     out = timed[-1]
     accepted, proposed = sum(r.accepted for r in timed), sum(r.proposed for r in timed)
     tested = accepted + sum(r.rejected for r in timed)
@@ -103,53 +129,102 @@ def bench_speculative(model="smollm2-135m", draft: str = "self:8", k: int = 4, *
     step_ms = plain["ms_per_step"]
     pass_ms = spec["draft_ms_per_pass"] + spec["verify_ms_per_pass"]
     return {
-        "model": name, "draft": draft, "k": k, "prompt": prompt if prompt in PROMPTS else "text",
-        "prompt_tokens": len(ids), "new_tokens": new_tokens, "temperature": temperature,
-        **harness.environment(device), "dtype": dtype, "repeats": repeats, "warmup": warmup,
-        "tokens_generated": len(out.tokens), "target_passes": out.target_passes,
-        "proposed": proposed, "accepted": accepted, "tested": tested, "acceptance_rate": alpha,
-        "mean_tokens_per_pass": sum(passes) / len(passes), "formula_tokens_per_pass": formula,
+        "model": name,
+        "draft": draft,
+        "k": k,
+        "prompt": prompt if prompt in PROMPTS else "text",
+        "prompt_tokens": len(ids),
+        "new_tokens": new_tokens,
+        "temperature": temperature,
+        **harness.environment(device),
+        "dtype": dtype,
+        "repeats": repeats,
+        "warmup": warmup,
+        "tokens_generated": len(out.tokens),
+        "target_passes": out.target_passes,
+        "proposed": proposed,
+        "accepted": accepted,
+        "tested": tested,
+        "acceptance_rate": alpha,
+        "mean_tokens_per_pass": sum(passes) / len(passes),
+        "formula_tokens_per_pass": formula,
         "identical_to_plain": out.tokens == last["plain"] if sampling.greedy else None,
-        "plain_tok_per_s": plain["tok_per_s"], "speculative_tok_per_s": spec["tok_per_s"],
+        "plain_tok_per_s": plain["tok_per_s"],
+        "speculative_tok_per_s": spec["tok_per_s"],
         "speedup": spec["tok_per_s"] / plain["tok_per_s"],
-        "plain_ms_per_step": step_ms, "draft_ms_per_pass": spec["draft_ms_per_pass"],
+        "plain_ms_per_step": step_ms,
+        "draft_ms_per_pass": spec["draft_ms_per_pass"],
         "verify_ms_per_pass": spec["verify_ms_per_pass"],
         "verify_over_step": spec["verify_ms_per_pass"] / step_ms,
         "formula_speedup": formula * step_ms / pass_ms,
         "tokens_per_pass": out.tokens_per_pass,
-        "speedup_repeats": [s["tok_per_s"] / p["tok_per_s"]
-                            for s, p in zip(samples["speculative"], samples["plain"])],
+        "speedup_repeats": [
+            s["tok_per_s"] / p["tok_per_s"]
+            for s, p in zip(samples["speculative"], samples["plain"])
+        ],
     }
 
 
 # ---- command line ------------------------------------------------------------------------------
 
+
 def add_cli(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
-        "speculative", help="acceptance rate, tokens per pass and speed-up of speculative decoding",
+        "speculative",
+        help="acceptance rate, tokens per pass and speed-up of speculative decoding",
         description="Plain vs speculative decoding on one prompt: acceptance rate alpha, tokens per target "
-                    "pass next to (1 - alpha^(k+1)) / (1 - alpha), and tok/s of both.")
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="target model name, or random:<catalog spec> for random weights")
-    parser.add_argument("--draft", default="self:8",
-                        help="self:N (first N layers), lookup:N (n-gram prompt lookup) or model:NAME (default self:8)")
-    parser.add_argument("--k", type=int, default=4, help="tokens drafted per target pass (default 4)")
-    parser.add_argument("--prompt", default="quote",
-                        help=f"one of {', '.join(PROMPTS)} (default quote), or any text")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per run (default 64)")
+        "pass next to (1 - alpha^(k+1)) / (1 - alpha), and tok/s of both.",
+    )
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="target model name, or random:<catalog spec> for random weights",
+    )
+    parser.add_argument(
+        "--draft",
+        default="self:8",
+        help="self:N (first N layers), lookup:N (n-gram prompt lookup) or model:NAME (default self:8)",
+    )
+    parser.add_argument(
+        "--k", type=int, default=4, help="tokens drafted per target pass (default 4)"
+    )
+    parser.add_argument(
+        "--prompt",
+        default="quote",
+        help=f"one of {', '.join(PROMPTS)} (default quote), or any text",
+    )
+    parser.add_argument(
+        "--new-tokens", type=int, default=64, help="tokens generated per run (default 64)"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; medians reported (default 3)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs of each; medians reported (default 3)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
-    parser.add_argument("--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)")
-    parser.add_argument("--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument(
+        "--device", help=f"{' or '.join(harness.DEVICES)} (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--dtype", help=f"{', '.join(harness.DTYPES)} (default: fp32 on CPU, bf16 on CUDA)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
 
 
 def run_cli(args) -> int:
-    result = bench_speculative(args.model, args.draft, args.k, prompt=args.prompt, new_tokens=args.new_tokens,
-                               temperature=args.temperature, seed=args.seed, repeats=args.repeats,
-                               warmup=args.warmup, device=args.device, dtype=args.dtype)
+    result = bench_speculative(
+        args.model,
+        args.draft,
+        args.k,
+        prompt=args.prompt,
+        new_tokens=args.new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        device=args.device,
+        dtype=args.dtype,
+    )
     harness.print_result(result, args.json)
     return 0

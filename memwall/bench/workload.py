@@ -14,9 +14,11 @@ from memwall.bench.harness import DTYPES
 RANDOM_PREFIX = "random:"
 
 # A fixed, ordinary paragraph, so prompts from real tokenizers are real text (repeated to length).
-PROMPT_TEXT = ("The history of computing is a history of moving data. Processors became fast long "
-               "before memory did, and every generation of hardware since has added caches, wider "
-               "buses and new kinds of memory to keep the arithmetic units fed. ")
+PROMPT_TEXT = (
+    "The history of computing is a history of moving data. Processors became fast long "
+    "before memory did, and every generation of hardware since has added caches, wider "
+    "buses and new kinds of memory to keep the arithmetic units fed. "
+)
 
 
 def load_model(name: str, dtype: str, device: str, seed: int = 0):
@@ -27,7 +29,7 @@ def load_model(name: str, dtype: str, device: str, seed: int = 0):
     if name.startswith(RANDOM_PREFIX):
         from memwall.specs import get_spec
 
-        spec = get_spec(name[len(RANDOM_PREFIX):])  # ValueError naming the catalog if unknown
+        spec = get_spec(name[len(RANDOM_PREFIX) :])  # ValueError naming the catalog if unknown
         return models.random_init(spec, dtype=torch_dtype, device=device, seed=seed), None
     hf_model, tokenizer = models.load(name)  # fp32 on CPU; cast and move after
     return hf_model.to(device=device, dtype=torch_dtype).eval(), tokenizer

@@ -5,5 +5,15 @@ from memwall.engine.kv_cache import KVCache
 from memwall.engine.model import Transformer, causal_mask
 from memwall.engine.sampling import Sampling, probabilities, sample
 
-__all__ = ["Generation", "KVCache", "Sampling", "Transformer", "causal_mask", "decode_step",
-           "generate", "prefill", "probabilities", "sample"]
+__all__ = [
+    "Generation",
+    "KVCache",
+    "Sampling",
+    "Transformer",
+    "causal_mask",
+    "decode_step",
+    "generate",
+    "prefill",
+    "probabilities",
+    "sample",
+]

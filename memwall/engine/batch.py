@@ -29,8 +29,8 @@ PAD_TOKEN = 0  # any valid id: pad slots are never attended to, so their content
 
 @dataclass
 class BatchGeneration:
-    tokens: list[list[int]]                 # generated ids per sequence (prompt excluded)
-    prefill_s: float                        # the batched prefill, first tokens included
+    tokens: list[list[int]]  # generated ids per sequence (prompt excluded)
+    prefill_s: float  # the batched prefill, first tokens included
     step_times_s: list[float] = field(default_factory=list)  # one per batched decode step
 
 
@@ -42,12 +42,14 @@ def left_pad(prompts: list[list[int]], pad: int = PAD_TOKEN) -> tuple[torch.Tens
     return tokens, pads
 
 
-def prefill_positions_and_mask(pads: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill_positions_and_mask(
+    pads: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [batch, length] and mask [batch, 1, length, length] for a left-padded prefill."""
     slots = torch.arange(length)
     positions = (slots[None, :] - pads[:, None]).clamp(min=0)
     query, key = slots[:, None], slots[None, :]
-    real_key = key[None] >= pads[:, None, None]                 # [batch, 1, length]
+    real_key = key[None] >= pads[:, None, None]  # [batch, 1, length]
     mask = ((key <= query)[None] & real_key) | (key == query)[None]
     return positions, mask[:, None]
 
@@ -68,8 +70,10 @@ def _check(prompts, max_new_tokens, model) -> None:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > model.max_positions:
-        raise ValueError(f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's context of {model.max_positions} tokens")
+        raise ValueError(
+            f"longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"the model's context of {model.max_positions} tokens"
+        )
 
 
 @torch.inference_mode()
@@ -91,12 +95,19 @@ def generate_batch(model, prompts, max_new_tokens: int, stop_tokens=()) -> Batch
     start = time.perf_counter()
     if ragged:
         positions, mask = prefill_positions_and_mask(pads, length)
-        logits = model(tokens.to(device), cache, positions=positions.to(device), mask=mask.to(device),
-                       last_only=True)
+        logits = model(
+            tokens.to(device),
+            cache,
+            positions=positions.to(device),
+            mask=mask.to(device),
+            last_only=True,
+        )
     else:
         logits = model(tokens.to(device), cache, last_only=True)
     next_tokens = logits[:, -1].argmax(-1)
-    out = BatchGeneration(tokens=[[t] for t in next_tokens.tolist()], prefill_s=time.perf_counter() - start)
+    out = BatchGeneration(
+        tokens=[[t] for t in next_tokens.tolist()], prefill_s=time.perf_counter() - start
+    )
     done = [t in stop_tokens for t in next_tokens.tolist()]
 
     for _ in range(max_new_tokens - 1):
@@ -105,7 +116,9 @@ def generate_batch(model, prompts, max_new_tokens: int, stop_tokens=()) -> Batch
         step_start = time.perf_counter()
         if ragged:
             positions, mask = decode_positions_and_mask(pads, cache.length)
-            logits = model(next_tokens[:, None], cache, positions=positions.to(device), mask=mask.to(device))
+            logits = model(
+                next_tokens[:, None], cache, positions=positions.to(device), mask=mask.to(device)
+            )
         else:
             logits = model(next_tokens[:, None], cache)
         next_tokens = logits[:, -1].argmax(-1)

@@ -24,9 +24,9 @@ class OutOfBlocks(RuntimeError):
 class MemoryUse:
     """A snapshot of the cache: slots that hold tokens against slots handed out."""
 
-    used_slots: int       # tokens stored
+    used_slots: int  # tokens stored
     allocated_slots: int  # blocks handed out x block_size
-    total_slots: int      # the whole cache
+    total_slots: int  # the whole cache
 
     @property
     def wasted_slots(self) -> int:
@@ -37,7 +37,9 @@ class MemoryUse:
 class BlockManager:
     def __init__(self, n_blocks: int, block_size: int):
         if n_blocks < 1 or block_size < 1:
-            raise ValueError(f"n_blocks and block_size must be >= 1, got {n_blocks} and {block_size}")
+            raise ValueError(
+                f"n_blocks and block_size must be >= 1, got {n_blocks} and {block_size}"
+            )
         self.n_blocks, self.block_size = n_blocks, block_size
         # Reversed so blocks are handed out 0, 1, 2, ... from a fresh cache (easier to read).
         self.free_blocks: list[int] = list(range(n_blocks))[::-1]
@@ -93,5 +95,8 @@ class BlockManager:
 
     def memory_use(self) -> MemoryUse:
         allocated = sum(len(t) for t in self.tables.values()) * self.block_size
-        return MemoryUse(used_slots=sum(self.lengths.values()), allocated_slots=allocated,
-                         total_slots=self.capacity_tokens)
+        return MemoryUse(
+            used_slots=sum(self.lengths.values()),
+            allocated_slots=allocated,
+            total_slots=self.capacity_tokens,
+        )

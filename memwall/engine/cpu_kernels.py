@@ -61,7 +61,7 @@ def switched_off():
         _switched_off = before
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be used (see the module docstring)."""
     global _unavailable_reason
@@ -95,8 +95,12 @@ def _load() -> ctypes.CDLL:
         fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            build = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial],
-                                   capture_output=True, text=True, timeout=120)
+            build = subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", partial],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if build.returncode:
                 raise _Unavailable(f"building {SOURCE.name} failed: {build.stderr.strip()[:500]}")
             os.replace(partial, target)
@@ -115,19 +119,32 @@ def _load() -> ctypes.CDLL:
 
 def usable(x: torch.Tensor, in_features: int) -> bool:
     """Whether the int8/int4 kernels can take x [..., in]: fp32 on the CPU, a few rows."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and in_features % 32 == 0
-            and x.numel() <= MAX_ROWS * in_features and available())
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and in_features % 32 == 0
+        and x.numel() <= MAX_ROWS * in_features
+        and available()
+    )
 
 
 def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `fp32_linear` can take x [..., in] against this weight [out, in]."""
-    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
-            and not (x.requires_grad or weight.requires_grad) and weight.shape[0] % 4 == 0
-            and weight.shape[1] % 8 == 0 and x.numel() <= MAX_FP32_ROWS * weight.shape[1] and available())
+    return (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and weight.is_contiguous()
+        and not (x.requires_grad or weight.requires_grad)
+        and weight.shape[0] % 4 == 0
+        and weight.shape[1] % 8 == 0
+        and x.numel() <= MAX_FP32_ROWS * weight.shape[1]
+        and available()
+    )
 
 
 # The wrappers take x [..., in] and return [..., out] without reshaping: in decode each is called
 # ~120 times per step, and every avoided PyTorch call saves microseconds.
+
 
 def _rows_and_output(x: torch.Tensor, out_features: int):
     x = x.contiguous()
@@ -137,25 +154,50 @@ def _rows_and_output(x: torch.Tensor, out_features: int):
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T -> [..., out], all fp32."""
     x, rows, out = _rows_and_output(x, weight.shape[0])
-    library().fp32_linear(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, x.shape[-1],
-                          weight.shape[0], torch.get_num_threads())
+    library().fp32_linear(
+        x.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        x.shape[-1],
+        weight.shape[0],
+        torch.get_num_threads(),
+    )
     return out
 
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out]."""
     x, rows, out = _rows_and_output(x, codes.shape[0])
-    library().int8_linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(),
-                          rows, x.shape[-1], codes.shape[0], torch.get_num_threads())
+    library().int8_linear(
+        x.data_ptr(),
+        codes.data_ptr(),
+        scales.data_ptr(),
+        out.data_ptr(),
+        rows,
+        x.shape[-1],
+        codes.shape[0],
+        torch.get_num_threads(),
+    )
     return out
 
 
-def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor,
-                group_size: int) -> torch.Tensor:
+def int4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """x [..., in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2]."""
     x, rows, out = _rows_and_output(x, packed.shape[0])
-    status = library().int4_linear(x.data_ptr(), packed.data_ptr(), scale_zero.data_ptr(), out.data_ptr(),
-                                   rows, x.shape[-1], packed.shape[0], group_size, torch.get_num_threads())
+    status = library().int4_linear(
+        x.data_ptr(),
+        packed.data_ptr(),
+        scale_zero.data_ptr(),
+        out.data_ptr(),
+        rows,
+        x.shape[-1],
+        packed.shape[0],
+        group_size,
+        torch.get_num_threads(),
+    )
     if status:
         raise MemoryError("int4_linear could not allocate its scratch buffers")
     return out

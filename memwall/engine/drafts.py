@@ -30,7 +30,7 @@ from memwall.engine.sampling import Sampling, probabilities
 
 @dataclass
 class Proposal:
-    tokens: list[int]                  # the proposed next tokens (may be fewer than asked, even none)
+    tokens: list[int]  # the proposed next tokens (may be fewer than asked, even none)
     probs: torch.Tensor | None = None  # [len(tokens), vocab]: q for each token; None = point masses
 
     def __len__(self) -> int:
@@ -42,10 +42,16 @@ class Draft(ABC):
 
     def reset(self, max_tokens: int) -> None:
         """Start a new sequence of at most `max_tokens` tokens (prompt, output and proposals)."""
+        return None  # stateless drafts need nothing
 
     @abstractmethod
-    def propose(self, context: list[int], k: int, sampling: Sampling,
-                generator: torch.Generator | None = None) -> Proposal:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+    ) -> Proposal:
         """Up to k tokens to follow `context` (the prompt plus everything accepted so far)."""
 
 
@@ -103,7 +109,9 @@ class SelfDraft(ModelDraft):
 
     def __init__(self, target, n_layers: int):
         if not 1 <= n_layers <= target.n_layers:
-            raise ValueError(f"n_layers must be between 1 and the target's {target.n_layers}, got {n_layers}")
+            raise ValueError(
+                f"n_layers must be between 1 and the target's {target.n_layers}, got {n_layers}"
+            )
         super().__init__(first_layers(target, n_layers))
         self.n_layers = n_layers
 
@@ -142,9 +150,11 @@ class PromptLookupDraft(Draft):
 def lookup(context: list[int], n: int, k: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of context's last n tokens."""
     pattern = context[-n:]
-    for start in range(len(context) - n - 1, -1, -1):  # latest match first, excluding the pattern itself
-        if context[start:start + n] == pattern:
-            return context[start + n:start + n + k]
+    for start in range(
+        len(context) - n - 1, -1, -1
+    ):  # latest match first, excluding the pattern itself
+        if context[start : start + n] == pattern:
+            return context[start + n : start + n + k]
     return []
 
 

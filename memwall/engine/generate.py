@@ -18,8 +18,8 @@ from memwall.engine.sampling import Sampling, make_generator, sample
 
 @dataclass
 class Generation:
-    tokens: list[int]                    # generated token ids (prompt excluded)
-    ttft_s: float                        # prefill + first token
+    tokens: list[int]  # generated token ids (prompt excluded)
+    ttft_s: float  # prefill + first token
     step_times_s: list[float] = field(default_factory=list)  # one per decode step after the first
 
 
@@ -41,8 +41,14 @@ def decode_step(model, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def generate(model, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampling(),
-             stop_tokens=(), cache: KVCache | None = None) -> Generation:
+def generate(
+    model,
+    prompt_ids,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    stop_tokens=(),
+    cache: KVCache | None = None,
+) -> Generation:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` (a list or 1-D tensor) for one sequence."""
     device = next(model.parameters()).device
     prompt = torch.as_tensor(prompt_ids, device=device).reshape(1, -1)
@@ -52,8 +58,10 @@ def generate(model, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampli
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     needed = prompt.shape[1] + max_new_tokens
     if needed > model.max_positions:
-        raise ValueError(f"prompt ({prompt.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's context of {model.max_positions} tokens")
+        raise ValueError(
+            f"prompt ({prompt.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"the model's context of {model.max_positions} tokens"
+        )
     cache = cache or model.new_cache(batch=1, max_tokens=needed)
     generator = make_generator(sampling, device)
 

@@ -12,29 +12,40 @@ import torch
 
 
 class KVCache:
-    def __init__(self, n_layers, batch, max_tokens, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+    def __init__(
+        self, n_layers, batch, max_tokens, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"
+    ):
         if min(n_layers, batch, max_tokens, n_kv_heads, head_dim) <= 0:
             raise ValueError("KVCache sizes must all be positive")
         shape = (n_layers, batch, n_kv_heads, max_tokens, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.max_tokens = max_tokens
-        self.length = 0        # tokens stored, committed after the last layer of a step
-        self._pending = 0      # tokens being written by the step in flight
+        self.length = 0  # tokens stored, committed after the last layer of a step
+        self._pending = 0  # tokens being written by the step in flight
 
     @classmethod
     def for_model(cls, model, batch=1, max_tokens=None, dtype=None, device=None):
         p = next(model.parameters())
-        return cls(model.n_layers, batch, max_tokens or model.max_positions, model.n_kv_heads,
-                   model.head_dim, dtype or p.dtype, device or p.device)
+        return cls(
+            model.n_layers,
+            batch,
+            max_tokens or model.max_positions,
+            model.n_kv_heads,
+            model.head_dim,
+            dtype or p.dtype,
+            device or p.device,
+        )
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store this step's k/v [batch, kv_heads, tokens, head_dim]; return the whole cached prefix."""
         start, tokens = self.length, k.shape[2]
         end = start + tokens
         if end > self.max_tokens:
-            raise ValueError(f"KV cache is full: {end} tokens needed, room for {self.max_tokens}. "
-                             "Allocate a larger cache (max_tokens) or use a shorter prompt.")
+            raise ValueError(
+                f"KV cache is full: {end} tokens needed, room for {self.max_tokens}. "
+                "Allocate a larger cache (max_tokens) or use a shorter prompt."
+            )
         self.keys[layer, :, :, start:end] = k
         self.values[layer, :, :, start:end] = v
         self._pending = tokens

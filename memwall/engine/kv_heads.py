@@ -51,15 +51,18 @@ def repeat_heads(projection: torch.Tensor, n_heads: int, n_new_heads: int) -> to
     _check_multiple(n_new_heads, n_heads)
     head_dim = projection.shape[0] // n_heads
     heads = projection.reshape(n_heads, head_dim, *projection.shape[1:])
-    return heads.repeat_interleave(n_new_heads // n_heads, dim=0).reshape(n_new_heads * head_dim,
-                                                                          *projection.shape[1:])
+    return heads.repeat_interleave(n_new_heads // n_heads, dim=0).reshape(
+        n_new_heads * head_dim, *projection.shape[1:]
+    )
 
 
 def pool_kv_heads(model, n_kv_heads: int):
     """A copy of an engine `Transformer` with `n_kv_heads` mean-pooled KV heads (e.g. 3 -> 1 is MQA)."""
     if n_kv_heads >= model.n_kv_heads:
-        raise ValueError(f"pooling needs fewer KV heads than the model's {model.n_kv_heads}, got {n_kv_heads}; "
-                         f"use expand_kv_heads for more.")
+        raise ValueError(
+            f"pooling needs fewer KV heads than the model's {model.n_kv_heads}, got {n_kv_heads}; "
+            f"use expand_kv_heads for more."
+        )
     return _with_kv_heads(model, n_kv_heads, lambda p: pool_heads(p, model.n_kv_heads, n_kv_heads))
 
 
@@ -69,17 +72,23 @@ def expand_kv_heads(model, n_kv_heads: int):
     Its outputs equal the original's; its cache is n_kv_heads / model.n_kv_heads times larger.
     """
     if n_kv_heads <= model.n_kv_heads:
-        raise ValueError(f"expanding needs more KV heads than the model's {model.n_kv_heads}, got {n_kv_heads}; "
-                         f"use pool_kv_heads for fewer.")
-    return _with_kv_heads(model, n_kv_heads, lambda p: repeat_heads(p, model.n_kv_heads, n_kv_heads))
+        raise ValueError(
+            f"expanding needs more KV heads than the model's {model.n_kv_heads}, got {n_kv_heads}; "
+            f"use pool_kv_heads for fewer."
+        )
+    return _with_kv_heads(
+        model, n_kv_heads, lambda p: repeat_heads(p, model.n_kv_heads, n_kv_heads)
+    )
 
 
 def convert_kv_heads(model, n_kv_heads: int):
     """Pool or expand to `n_kv_heads`, which must divide the number of query heads."""
     valid = [n for n in range(1, model.n_heads + 1) if model.n_heads % n == 0]
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads not in valid:
-        raise ValueError(f"n_kv_heads must divide the {model.n_heads} query heads; "
-                         f"choose from {', '.join(map(str, valid))}, got {n_kv_heads!r}.")
+        raise ValueError(
+            f"n_kv_heads must divide the {model.n_heads} query heads; "
+            f"choose from {', '.join(map(str, valid))}, got {n_kv_heads!r}."
+        )
     if n_kv_heads == model.n_kv_heads:
         return model
     return (pool_kv_heads if n_kv_heads < model.n_kv_heads else expand_kv_heads)(model, n_kv_heads)
@@ -87,8 +96,10 @@ def convert_kv_heads(model, n_kv_heads: int):
 
 def _check_multiple(larger: int, smaller: int) -> None:
     if smaller <= 0 or larger <= 0 or larger % smaller:
-        raise ValueError(f"head counts {larger} and {smaller} do not divide: the larger must be a "
-                         f"positive multiple of the smaller.")
+        raise ValueError(
+            f"head counts {larger} and {smaller} do not divide: the larger must be a "
+            f"positive multiple of the smaller."
+        )
 
 
 def _with_kv_heads(model, n_kv_heads: int, convert_kv):
@@ -107,10 +118,18 @@ def _with_kv_heads(model, n_kv_heads: int, convert_kv):
         new_weight = torch.cat([q, convert_kv(k), convert_kv(v)])
         new_bias = None
         if old.bias is not None:
-            qb, kb, vb = old.bias.split([q_rows, model.n_kv_heads * head_dim, model.n_kv_heads * head_dim])
+            qb, kb, vb = old.bias.split(
+                [q_rows, model.n_kv_heads * head_dim, model.n_kv_heads * head_dim]
+            )
             new_bias = torch.cat([qb, convert_kv(kb), convert_kv(vb)])
-        fused = Linear(old.in_features, new_weight.shape[0], bias=new_bias is not None,
-                       splits=old.splits, device=weight.device, dtype=weight.dtype)
+        fused = Linear(
+            old.in_features,
+            new_weight.shape[0],
+            bias=new_bias is not None,
+            splits=old.splits,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
         block.attn.qkv = fused.set_weight(new_weight, new_bias)
         block.attn.n_kv_heads = n_kv_heads
     converted.n_kv_heads = n_kv_heads

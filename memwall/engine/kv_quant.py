@@ -22,7 +22,9 @@ SCALE_DTYPE = torch.float32
 
 def quantize_per_vector(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., head_dim] float -> (int8 codes [..., head_dim], scales [..., 1]); x ~ codes * scales."""
-    scales = (x.abs().amax(dim=-1, keepdim=True).float() / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    scales = (x.abs().amax(dim=-1, keepdim=True).float() / 127).clamp(
+        min=torch.finfo(torch.float32).tiny
+    )
     codes = torch.round(x.float() / scales).clamp(-127, 127).to(torch.int8)
     return codes, scales.to(SCALE_DTYPE)
 
@@ -30,7 +32,9 @@ def quantize_per_vector(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class KVCacheInt8(KVCache):
     """A preallocated cache [layers, batch, kv_heads, max_tokens, head_dim] of int8 codes, plus scales."""
 
-    def __init__(self, n_layers, batch, max_tokens, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+    def __init__(
+        self, n_layers, batch, max_tokens, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"
+    ):
         if min(n_layers, batch, max_tokens, n_kv_heads, head_dim) <= 0:
             raise ValueError("KVCacheInt8 sizes must all be positive")
         shape = (n_layers, batch, n_kv_heads, max_tokens, head_dim)
@@ -49,19 +53,27 @@ class KVCacheInt8(KVCache):
         start, tokens = self.length, k.shape[2]
         end = start + tokens
         if end > self.max_tokens:
-            raise ValueError(f"KV cache is full: {end} tokens needed, room for {self.max_tokens}. "
-                             "Allocate a larger cache (max_tokens) or use a shorter prompt.")
-        for codes, scales, new in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
+            raise ValueError(
+                f"KV cache is full: {end} tokens needed, room for {self.max_tokens}. "
+                "Allocate a larger cache (max_tokens) or use a shorter prompt."
+            )
+        for codes, scales, new in (
+            (self.keys, self.key_scales, k),
+            (self.values, self.value_scales, v),
+        ):
             codes[layer, :, :, start:end], scales[layer, :, :, start:end] = quantize_per_vector(new)
         self._pending = tokens
-        return self._dequantized(self.keys, self.key_scales, layer, end), \
-            self._dequantized(self.values, self.value_scales, layer, end)
+        return self._dequantized(self.keys, self.key_scales, layer, end), self._dequantized(
+            self.values, self.value_scales, layer, end
+        )
 
     def _dequantized(self, codes, scales, layer, end):
-        return (codes[layer, :, :, :end].to(self.dtype) * scales[layer, :, :, :end].to(self.dtype))
+        return codes[layer, :, :, :end].to(self.dtype) * scales[layer, :, :, :end].to(self.dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes allocated for codes and scales, keys and values (the whole preallocated capacity)."""
-        return sum(t.numel() * t.element_size()
-                   for t in (self.keys, self.values, self.key_scales, self.value_scales))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.keys, self.values, self.key_scales, self.value_scales)
+        )

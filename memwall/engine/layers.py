@@ -34,7 +34,9 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
@@ -55,7 +57,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False):
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False
+    ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.qkv = Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
@@ -63,9 +67,15 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, cache, layer: int, mask=None):
         batch, tokens, _ = x.shape
-        heads = self.qkv(x).view(batch, tokens, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
+        heads = (
+            self.qkv(x)
+            .view(batch, tokens, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+            .transpose(1, 2)
+        )
         qk, v = heads.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
-        q, k = rotate(qk, *rope).split([self.n_heads, self.n_kv_heads], dim=1)  # one rotation for q and k
+        q, k = rotate(qk, *rope).split(
+            [self.n_heads, self.n_kv_heads], dim=1
+        )  # one rotation for q and k
         if cache is not None:
             k, v = cache.update(layer, k, v)  # all cached keys/values so far, this step's included
         y = attend(q, k, v, mask)
@@ -84,8 +94,10 @@ def attend(q, k, v, mask=None):
         # Decode: group the query heads that share a KV head, so each K/V head is read once
         # (no copies), and skip the fused kernel, whose fixed cost is large for one query.
         q = q.view(batch, kv_heads, heads // kv_heads, head_dim)
-        scores = (q @ k.transpose(-1, -2)) * head_dim ** -0.5
-        if mask is not None:  # batched decode of sequences with different lengths: [batch, 1, 1, keys]
+        scores = (q @ k.transpose(-1, -2)) * head_dim**-0.5
+        if (
+            mask is not None
+        ):  # batched decode of sequences with different lengths: [batch, 1, 1, keys]
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         return (weights @ v).view(batch, heads, 1, head_dim)

@@ -35,23 +35,36 @@ def default_splits(device) -> int:
 class Linear(nn.Module):
     """y = x W^T + b for W of shape [out_features, in_features]."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, splits: int | None = None,
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        splits: int | None = None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         device = device or torch.empty(0).device  # honours a surrounding `with torch.device(...)`
         splits = splits or default_splits(device)
         self.splits = splits if splits > 1 and out_features % splits == 0 else 1
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype),
-                                   requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype),
-                                 requires_grad=False) if bias else None
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, device=device, dtype=dtype), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False)
+            if bias
+            else None
+        )
 
     @torch.no_grad()
-    def set_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Linear":
+    def set_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise ValueError(f"expected a weight of shape {(self.out_features, self.in_features)}, "
-                             f"got {tuple(weight.shape)}")
+            raise ValueError(
+                f"expected a weight of shape {(self.out_features, self.in_features)}, "
+                f"got {tuple(weight.shape)}"
+            )
         self.weight.copy_(weight)
         if bias is not None:
             self.bias.copy_(bias)
@@ -64,8 +77,12 @@ class Linear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         else:
             rows = x.reshape(-1, self.in_features)
-            slabs = self.weight.view(self.splits, self.out_features // self.splits, self.in_features)
-            y = torch.bmm(slabs, rows.t().expand(self.splits, -1, -1))  # [splits, out / splits, rows]
+            slabs = self.weight.view(
+                self.splits, self.out_features // self.splits, self.in_features
+            )
+            y = torch.bmm(
+                slabs, rows.t().expand(self.splits, -1, -1)
+            )  # [splits, out / splits, rows]
             y = y.view(self.out_features, -1).t().reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -17,14 +17,30 @@ from memwall.engine.linear import Linear
 
 
 class Transformer(nn.Module):
-    def __init__(self, *, vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff,
-                 max_positions, rope_theta, eps, tied_embeddings=True, qkv_bias=False):
+    def __init__(
+        self,
+        *,
+        vocab_size,
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        d_ff,
+        max_positions,
+        rope_theta,
+        eps,
+        tied_embeddings=True,
+        qkv_bias=False,
+    ):
         super().__init__()
         self.n_layers, self.n_heads, self.n_kv_heads = n_layers, n_heads, n_kv_heads
         self.head_dim, self.max_positions = head_dim, max_positions
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, qkv_bias) for _ in range(n_layers))
+            Block(d_model, n_heads, n_kv_heads, head_dim, d_ff, eps, qkv_bias)
+            for _ in range(n_layers)
+        )
         self.norm = RMSNorm(d_model, eps)
         # Even with tied embeddings the LM head keeps its own copy, so that it can be quantized on its
         # own (chapter 7): more RAM, but the same bytes read per step (the lookup reads one row).
@@ -32,8 +48,15 @@ class Transformer(nn.Module):
         self.tied_embeddings = tied_embeddings
         self.rotary = Rotary(head_dim, max_positions, rope_theta)
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, *, positions=None,
-                mask=None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        positions=None,
+        mask=None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
         """tokens [batch, new_tokens] -> logits [batch, new_tokens (or 1), vocab].
 
         With a cache the new tokens follow the cached ones; without one they are the whole context.
@@ -41,7 +64,9 @@ class Transformer(nn.Module):
         batch, new = tokens.shape
         start = cache.length if cache is not None else 0
         if start + new > self.max_positions:
-            raise ValueError(f"context of {start + new} tokens exceeds the model's {self.max_positions}")
+            raise ValueError(
+                f"context of {start + new} tokens exceeds the model's {self.max_positions}"
+            )
         if positions is None:
             positions = torch.arange(start, start + new, device=tokens.device)
         if mask is None and new > 1:
@@ -57,23 +82,34 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
     @classmethod
-    def from_hf(cls, hf_model) -> "Transformer":
+    def from_hf(cls, hf_model) -> Transformer:
         """Copy a transformers Llama/Mistral/Qwen2-style model's weights into this engine."""
         cfg = hf_model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rope = getattr(cfg, "rope_parameters", None) or {}
         rope_theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         if rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"rope scaling {rope.get('rope_type')!r} is not implemented in memwall's engine")
+            raise ValueError(
+                f"rope scaling {rope.get('rope_type')!r} is not implemented in memwall's engine"
+            )
         ref = hf_model.model
         param = next(hf_model.parameters())
         qkv_bias = ref.layers[0].self_attn.q_proj.bias is not None
         with torch.device(param.device), _default_dtype(param.dtype):
-            model = cls(vocab_size=cfg.vocab_size, d_model=cfg.hidden_size, n_layers=cfg.num_hidden_layers,
-                        n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
-                        d_ff=cfg.intermediate_size, max_positions=cfg.max_position_embeddings,
-                        rope_theta=rope_theta, eps=cfg.rms_norm_eps,
-                        tied_embeddings=cfg.tie_word_embeddings, qkv_bias=qkv_bias)
+            model = cls(
+                vocab_size=cfg.vocab_size,
+                d_model=cfg.hidden_size,
+                n_layers=cfg.num_hidden_layers,
+                n_heads=cfg.num_attention_heads,
+                n_kv_heads=cfg.num_key_value_heads,
+                head_dim=head_dim,
+                d_ff=cfg.intermediate_size,
+                max_positions=cfg.max_position_embeddings,
+                rope_theta=rope_theta,
+                eps=cfg.rms_norm_eps,
+                tied_embeddings=cfg.tie_word_embeddings,
+                qkv_bias=qkv_bias,
+            )
         with torch.no_grad():
             model.embed.weight.copy_(ref.embed_tokens.weight)
             model.lm_head.set_weight(hf_model.lm_head.weight)
@@ -82,10 +118,14 @@ class Transformer(nn.Module):
                 a = src.self_attn
                 block.attn_norm.weight.copy_(src.input_layernorm.weight)
                 block.mlp_norm.weight.copy_(src.post_attention_layernorm.weight)
-                block.attn.qkv.set_weight(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                                          torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if qkv_bias else None)
+                block.attn.qkv.set_weight(
+                    torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if qkv_bias else None,
+                )
                 block.attn.out.set_weight(a.o_proj.weight)
-                block.mlp.gate_up.set_weight(torch.cat([src.mlp.gate_proj.weight, src.mlp.up_proj.weight]))
+                block.mlp.gate_up.set_weight(
+                    torch.cat([src.mlp.gate_proj.weight, src.mlp.up_proj.weight])
+                )
                 block.mlp.down.set_weight(src.mlp.down_proj.weight)
         return model.eval().requires_grad_(False)
 
@@ -96,8 +136,11 @@ class Transformer(nn.Module):
         """Weight bytes one decode step reads: every tensor except the embedding table, of which a
         step reads one row per token (negligible). Counted from the real tensors, so packed
         quantized weights count at their packed size."""
-        total = sum(t.numel() * t.element_size() for name, t in self.state_dict().items()
-                    if not name.startswith("embed."))
+        total = sum(
+            t.numel() * t.element_size()
+            for name, t in self.state_dict().items()
+            if not name.startswith("embed.")
+        )
         return total + self.embed.weight.shape[1] * self.embed.weight.element_size()
 
 

@@ -26,7 +26,16 @@ from memwall.engine.block_manager import BlockManager
 
 
 class PagedKVCache:
-    def __init__(self, n_layers, n_blocks, block_size, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+    def __init__(
+        self,
+        n_layers,
+        n_blocks,
+        block_size,
+        n_kv_heads,
+        head_dim,
+        dtype=torch.float32,
+        device="cpu",
+    ):
         if min(n_layers, n_kv_heads, head_dim) <= 0:
             raise ValueError("PagedKVCache sizes must all be positive")
         self.blocks = BlockManager(n_blocks, block_size)
@@ -41,8 +50,15 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, n_blocks: int, block_size: int = 16, dtype=None, device=None):
         p = next(model.parameters())
-        return cls(model.n_layers, n_blocks, block_size, model.n_kv_heads, model.head_dim,
-                   dtype or p.dtype, device or p.device)
+        return cls(
+            model.n_layers,
+            n_blocks,
+            block_size,
+            model.n_kv_heads,
+            model.head_dim,
+            dtype or p.dtype,
+            device or p.device,
+        )
 
     # ---- sequences -----------------------------------------------------------------------------
 
@@ -73,10 +89,15 @@ class PagedKVCache:
         # at its first block: they are masked out, so any valid slot will do.
         bs = self.blocks.block_size
         width = self.blocks.blocks_for(keys)
-        tables = torch.tensor([self.blocks.tables[s] + self.blocks.tables[s][:1] * (width - len(self.blocks.tables[s]))
-                               for s in seq_ids])
+        tables = torch.tensor(
+            [
+                self.blocks.tables[s]
+                + self.blocks.tables[s][:1] * (width - len(self.blocks.tables[s]))
+                for s in seq_ids
+            ]
+        )
         key_pos = torch.arange(keys)
-        read = tables[:, key_pos // bs] * bs + key_pos % bs            # [batch, keys]
+        read = tables[:, key_pos // bs] * bs + key_pos % bs  # [batch, keys]
         self._read_slots = read.flatten().to(self.device)
         self._write_slots = read.gather(1, positions).flatten().to(self.device)
         # Key j of sequence b is its position j, so "attend to j <= my position" is the whole rule.
@@ -87,12 +108,22 @@ class PagedKVCache:
         """Write k/v [batch, kv_heads, new_tokens, head_dim]; return every sequence's keys/values so far."""
         batch, kv_heads, tokens, head_dim = k.shape
         if self._write_slots is None or batch != len(self._batch) or tokens != self._new_tokens:
-            raise RuntimeError("call begin(seq_ids, new_tokens) for this batch before running the model")
+            raise RuntimeError(
+                "call begin(seq_ids, new_tokens) for this batch before running the model"
+            )
         rows = batch * tokens
-        self.keys[layer].index_copy_(0, self._write_slots, k.transpose(1, 2).reshape(rows, kv_heads, head_dim))
-        self.values[layer].index_copy_(0, self._write_slots, v.transpose(1, 2).reshape(rows, kv_heads, head_dim))
-        keys = self.keys[layer].index_select(0, self._read_slots).view(batch, -1, kv_heads, head_dim)
-        values = self.values[layer].index_select(0, self._read_slots).view(batch, -1, kv_heads, head_dim)
+        self.keys[layer].index_copy_(
+            0, self._write_slots, k.transpose(1, 2).reshape(rows, kv_heads, head_dim)
+        )
+        self.values[layer].index_copy_(
+            0, self._write_slots, v.transpose(1, 2).reshape(rows, kv_heads, head_dim)
+        )
+        keys = (
+            self.keys[layer].index_select(0, self._read_slots).view(batch, -1, kv_heads, head_dim)
+        )
+        values = (
+            self.values[layer].index_select(0, self._read_slots).view(batch, -1, kv_heads, head_dim)
+        )
         return keys.transpose(1, 2), values.transpose(1, 2)
 
     def commit(self) -> None:

@@ -39,12 +39,13 @@ from memwall.engine.linear import Linear
 SCHEMES = ("int8", "int4")
 HEAD_CHOICES = ("same", "int8", "int4", "float")
 INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what aten._weight_int4pack_mm_for_cpu accepts
-INT4_SCALE_DTYPE = torch.bfloat16              # 2 bytes for s and 2 for z: 4 bytes per group
-INT8_SCALE_DTYPE = torch.bfloat16              # 2 bytes per output row
+INT4_SCALE_DTYPE = torch.bfloat16  # 2 bytes for s and 2 for z: 4 bytes per group
+INT8_SCALE_DTYPE = torch.bfloat16  # 2 bytes per output row
 KERNEL_ACTIVATION_DTYPE = torch.bfloat16
 
 
 # ---- the formats, as plain tensor functions ---------------------------------------------------
+
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[out, in] float -> (int8 codes [out, in], bf16 scales [out]), symmetric per output row.
@@ -71,12 +72,16 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     """
     out_features, in_features = weight.shape
     _check_group_size(group_size, in_features)
-    groups = weight.float().contiguous().reshape(out_features, in_features // group_size, group_size)
+    groups = (
+        weight.float().contiguous().reshape(out_features, in_features // group_size, group_size)
+    )
     low, high = groups.amin(-1), groups.amax(-1)
     scale = ((high - low) / 15).clamp(min=1e-8).to(INT4_SCALE_DTYPE).float()
     zero = (low + 8 * scale).to(INT4_SCALE_DTYPE).float()  # the value of the middle code, 8
     codes = groups.sub(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, 15)
-    scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(INT4_SCALE_DTYPE).contiguous()
+    scale_zero = (
+        torch.stack([scale, zero], dim=-1).transpose(0, 1).to(INT4_SCALE_DTYPE).contiguous()
+    )
     return codes.reshape(out_features, in_features).to(torch.uint8), scale_zero
 
 
@@ -102,17 +107,27 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _check_group_size(group_size: int, in_features: int) -> None:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
-        raise ValueError(f"group_size must be an even integer >= 2 (e.g. 32, 64, 128), got {group_size!r}")
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, int)
+        or group_size < 2
+        or group_size % 2
+    ):
+        raise ValueError(
+            f"group_size must be an even integer >= 2 (e.g. 32, 64, 128), got {group_size!r}"
+        )
     if in_features % group_size:
         divisors = [g for g in range(2, in_features + 1, 2) if in_features % g == 0 and g >= 16]
-        raise ValueError(f"group_size {group_size} does not divide in_features {in_features}; "
-                         f"group sizes that do: {', '.join(map(str, divisors[:8]))}")
+        raise ValueError(
+            f"group_size {group_size} does not divide in_features {in_features}; "
+            f"group sizes that do: {', '.join(map(str, divisors[:8]))}"
+        )
 
 
 # ---- PyTorch's CPU int4 kernel layout -------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def cpu_int4_block() -> int | None:
     """Rows per block in the layout `aten._convert_weight_to_int4pack_for_cpu` produces, or None.
 
@@ -122,7 +137,9 @@ def cpu_int4_block() -> int | None:
     and checking which layout reproduces it; None if none does (or the kernel is missing), in
     which case int4 layers keep the plain layout and use the reference path.
     """
-    probe = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    probe = torch.randint(
+        0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32
+    )
     try:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
     except (AttributeError, RuntimeError):
@@ -137,11 +154,12 @@ def from_cpu_kernel_layout(packed: torch.Tensor, block: int) -> torch.Tensor:
     """[N, K/2] bytes in the CPU kernel's blocked layout -> codes [N, K] (N a multiple of `block`)."""
     rows, half_k = packed.shape
     blocks = packed.reshape(rows // block, 2 * half_k, block // 2)  # [N/B, K, B/2]
-    codes = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)           # [N/B, K, B]: rows j, then j + B/2
+    codes = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)  # [N/B, K, B]: rows j, then j + B/2
     return codes.transpose(1, 2).reshape(rows, 2 * half_k)
 
 
 # ---- the layers --------------------------------------------------------------------------------------
+
 
 class Int8Linear(nn.Module):
     """y = x W^T + b with W stored as int8 codes [out, in] and one bf16 scale per output row."""
@@ -154,7 +172,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.float().clone())
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
         return cls(*quantize_int8(weight), bias)
 
     @property
@@ -166,14 +184,19 @@ class Int8Linear(nn.Module):
         if cpu_kernels.usable(x, self.in_features):
             y = cpu_kernels.int8_linear(x, self.codes, self.scales)
         elif _int8_kernel_ok(x):
-            y = _through_bf16(x, self.out_features,
-                              lambda rows: torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales))
+            y = _through_bf16(
+                x,
+                self.out_features,
+                lambda rows: torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales),
+            )
         else:
             return self.reference_forward(x)
         return y if self.bias is None else y + self.bias
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return F.linear(
+            x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        )
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8 per channel"
@@ -182,8 +205,13 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """y = x W^T + b with W as packed 4-bit codes and a bf16 (scale, offset) pair per group."""
 
-    def __init__(self, codes: torch.Tensor, scale_zero: torch.Tensor, group_size: int,
-                 bias: torch.Tensor | None = None):
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        scale_zero: torch.Tensor,
+        group_size: int,
+        bias: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.out_features, self.in_features = codes.shape
         _check_group_size(group_size, self.in_features)
@@ -192,20 +220,26 @@ class Int4Linear(nn.Module):
         # memwall's C kernel reads the plain layout; PyTorch's kernel needs its own.
         self.c_kernel = on_cpu and group_size % 32 == 0 and cpu_kernels.available()
         block = cpu_int4_block() if on_cpu and not self.c_kernel else None
-        self.kernel_layout = (block is not None and group_size in INT4_KERNEL_GROUP_SIZES
-                              and self.out_features % block == 0)
+        self.kernel_layout = (
+            block is not None
+            and group_size in INT4_KERNEL_GROUP_SIZES
+            and self.out_features % block == 0
+        )
         if self.kernel_layout:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
         else:
             packed = pack_int4(codes)
         self.block = block if self.kernel_layout else None
-        self.register_buffer("packed", packed.contiguous())  # [out, in/2] uint8: half a byte per weight
+        self.register_buffer(
+            "packed", packed.contiguous()
+        )  # [out, in/2] uint8: half a byte per weight
         self.register_buffer("scale_zero", scale_zero.to(INT4_SCALE_DTYPE).contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().clone())
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    group_size: int = 32) -> "Int4Linear":
+    def from_weight(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32
+    ) -> Int4Linear:
         return cls(*quantize_int4(weight, group_size), group_size, bias)
 
     def codes(self) -> torch.Tensor:
@@ -222,18 +256,27 @@ class Int4Linear(nn.Module):
         if self.c_kernel and cpu_kernels.usable(x, self.in_features):
             y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size)
         elif self.kernel_layout and x.device.type == "cpu":
-            y = _through_bf16(x, self.out_features, lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
-                rows, self.packed, self.group_size, self.scale_zero))
+            y = _through_bf16(
+                x,
+                self.out_features,
+                lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    rows, self.packed, self.group_size, self.scale_zero
+                ),
+            )
         else:
             return self.reference_forward(x)
         return y if self.bias is None else y + self.bias
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return F.linear(
+            x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        )
 
     def extra_repr(self) -> str:
         where = "PyTorch CPU kernel layout" if self.kernel_layout else "plain layout"
-        return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}, {where}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}, {where}"
+        )
 
 
 def _through_bf16(x: torch.Tensor, out_features: int, kernel) -> torch.Tensor:
@@ -249,8 +292,10 @@ def _int8_kernel_ok(x: torch.Tensor) -> bool:
 
 # ---- one call for a whole model ----------------------------------------------------------------------
 
-def quantize(model: nn.Module, scheme: str, group_size: int = 32, inplace: bool = True,
-             head: str = "same") -> nn.Module:
+
+def quantize(
+    model: nn.Module, scheme: str, group_size: int = 32, inplace: bool = True, head: str = "same"
+) -> nn.Module:
     """Swap every engine `Linear` in `model` for an Int8Linear or Int4Linear (in place, or a copy).
 
     `head` chooses the output head's format: "same" as the rest, "int8", "int4", or "float" to
@@ -259,7 +304,9 @@ def quantize(model: nn.Module, scheme: str, group_size: int = 32, inplace: bool 
     token embedding always stays in floating point: a step reads one row of it.
     """
     if scheme not in SCHEMES:
-        raise ValueError(f"Unknown quantization scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
+        raise ValueError(
+            f"Unknown quantization scheme {scheme!r}; choose from {', '.join(SCHEMES)}"
+        )
     if head not in HEAD_CHOICES:
         raise ValueError(f"Unknown head format {head!r}; choose from {', '.join(HEAD_CHOICES)}")
     plan = {}  # module name -> scheme

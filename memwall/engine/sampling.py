@@ -37,7 +37,9 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
-def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """logits [batch, vocab] -> token ids [batch]."""
     if sampling.greedy:
         return logits.argmax(dim=-1)

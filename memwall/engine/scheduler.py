@@ -37,7 +37,7 @@ class Request:
     request_id: object
     prompt: list[int]
     max_new_tokens: int
-    arrival_step: int = 0      # the step at which it arrives (used by `run`)
+    arrival_step: int = 0  # the step at which it arrives (used by `run`)
     stop_tokens: tuple = ()
 
 
@@ -45,7 +45,7 @@ class Request:
 class Result:
     request_id: object
     tokens: list[int] = field(default_factory=list)
-    error: str | None = None   # why it was rejected; None if it ran
+    error: str | None = None  # why it was rejected; None if it ran
     arrival_step: int = 0
     first_token_step: int | None = None
     finish_step: int | None = None
@@ -60,7 +60,14 @@ class _Running:
 
 
 class Scheduler:
-    def __init__(self, model, n_blocks: int, block_size: int = 16, max_batch: int = 8, mode: str = "continuous"):
+    def __init__(
+        self,
+        model,
+        n_blocks: int,
+        block_size: int = 16,
+        max_batch: int = 8,
+        mode: str = "continuous",
+    ):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         if max_batch < 1:
@@ -71,9 +78,9 @@ class Scheduler:
         self.waiting: deque[_Running] = deque()
         self.running: list[_Running] = []
         self.step_index = 0
-        self.batch_sizes: list[int] = []           # decoding requests per step
+        self.batch_sizes: list[int] = []  # decoding requests per step
         self.step_times_s: list[float] = []
-        self.memory: list[MemoryUse] = []          # after each step
+        self.memory: list[MemoryUse] = []  # after each step
         self.reserved_if_contiguous: list[int] = []  # slots a max-length reservation would hold
 
     # ---- requests ----------------------------------------------------------------------------
@@ -84,15 +91,19 @@ class Scheduler:
         if prompt == 0:
             raise ValueError(f"request {request.request_id!r}: the prompt is empty")
         if new < 1:
-            raise ValueError(f"request {request.request_id!r}: max_new_tokens must be >= 1, got {new}")
+            raise ValueError(
+                f"request {request.request_id!r}: max_new_tokens must be >= 1, got {new}"
+            )
         if any(r.request.request_id == request.request_id for r in (*self.waiting, *self.running)):
             raise ValueError(f"request id {request.request_id!r} is already queued or running")
         limit = min(self.cache.blocks.capacity_tokens, self.model.max_positions)
         if prompt + new > limit:
-            raise ValueError(f"request {request.request_id!r} can never fit: prompt ({prompt}) + max_new_tokens "
-                             f"({new}) = {prompt + new} tokens, but the KV cache holds at most {limit} "
-                             f"({self.cache.blocks.n_blocks} blocks of {self.cache.blocks.block_size}, model "
-                             f"context {self.model.max_positions}). Shorten it or give the cache more blocks.")
+            raise ValueError(
+                f"request {request.request_id!r} can never fit: prompt ({prompt}) + max_new_tokens "
+                f"({new}) = {prompt + new} tokens, but the KV cache holds at most {limit} "
+                f"({self.cache.blocks.n_blocks} blocks of {self.cache.blocks.block_size}, model "
+                f"context {self.model.max_positions}). Shorten it or give the cache more blocks."
+            )
         result = Result(request.request_id, arrival_step=request.arrival_step)
         self.waiting.append(_Running(request, result, admitted_step=-1))
         return result
@@ -107,12 +118,15 @@ class Scheduler:
     def step(self) -> list[Result]:
         """Admit, prefill, decode and retire once; return the requests that finished."""
         start = time.perf_counter()
-        finished = self._decode()  # the requests already running decode first: newcomers got a token in prefill
+        finished = (
+            self._decode()
+        )  # the requests already running decode first: newcomers got a token in prefill
         finished += self._admit()
         self.step_times_s.append(time.perf_counter() - start)
         self.memory.append(self.cache.blocks.memory_use())
-        self.reserved_if_contiguous.append(sum(len(r.request.prompt) + r.request.max_new_tokens
-                                               for r in self.running))
+        self.reserved_if_contiguous.append(
+            sum(len(r.request.prompt) + r.request.max_new_tokens for r in self.running)
+        )
         self.step_index += 1
         return finished
 
@@ -161,7 +175,9 @@ class Scheduler:
         result.tokens.append(token)
         if result.first_token_step is None:
             result.first_token_step = self.step_index
-        return len(result.tokens) >= entry.request.max_new_tokens or token in entry.request.stop_tokens
+        return (
+            len(result.tokens) >= entry.request.max_new_tokens or token in entry.request.stop_tokens
+        )
 
     def _retire(self, entry: _Running) -> Result:
         self.running.remove(entry)
@@ -191,7 +207,8 @@ class Scheduler:
                 try:
                     results[request.request_id] = self.submit(request)
                 except ValueError as error:
-                    results[request.request_id] = Result(request.request_id, error=str(error),
-                                                         arrival_step=request.arrival_step)
+                    results[request.request_id] = Result(
+                        request.request_id, error=str(error), arrival_step=request.arrival_step
+                    )
             self.step()
         return [results[r.request_id] for r in requests]

@@ -23,8 +23,8 @@ point masses: a guess survives iff it equals the target's argmax, and the replac
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -32,7 +32,9 @@ from memwall.engine.drafts import Draft, Proposal
 from memwall.engine.sampling import Sampling, make_generator, probabilities
 
 # (p [k+1, V], q [k, V], guesses [k], generator) -> (number of guesses accepted, the token after them)
-AcceptanceRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Generator | None"], tuple[int, int]]
+AcceptanceRule = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, "torch.Generator | None"], tuple[int, int]
+]
 
 
 def exact_acceptance(p, q, guesses, generator=None) -> tuple[int, int]:
@@ -41,7 +43,9 @@ def exact_acceptance(p, q, guesses, generator=None) -> tuple[int, int]:
     rows = torch.arange(k, device=p.device)
     p_guess, q_guess = p[rows, guesses], q[rows, guesses]
     u = torch.rand(k, generator=generator, device=p.device)
-    accepted = u * q_guess < p_guess  # u < p/q without dividing; q(guess) > 0 since it was drawn from q
+    accepted = (
+        u * q_guess < p_guess
+    )  # u < p/q without dividing; q(guess) > 0 since it was drawn from q
     n = int(accepted.long().cumprod(0).sum())  # guesses before the first rejection
     if n == k:
         return n, _draw(p[k], generator)
@@ -54,7 +58,7 @@ def exact_acceptance(p, q, guesses, generator=None) -> tuple[int, int]:
 def greedy_acceptance(target_logits, guesses) -> tuple[int, int]:
     """Keep guesses while they equal the target's argmax; then emit the target's argmax."""
     best = target_logits.argmax(-1)  # [k+1]
-    matches = (best[:len(guesses)] == guesses).long()
+    matches = (best[: len(guesses)] == guesses).long()
     n = int(matches.cumprod(0).sum())
     return n, int(best[n])
 
@@ -72,13 +76,13 @@ def point_masses(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 @dataclass
 class SpeculativeGeneration:
-    tokens: list[int]                        # generated tokens (prompt excluded)
+    tokens: list[int]  # generated tokens (prompt excluded)
     tokens_per_pass: list[int] = field(default_factory=list)  # tokens each verify pass produced
-    proposed: int = 0                        # guesses the draft made
-    accepted: int = 0                        # guesses the target kept
-    rejected: int = 0                        # rounds that ended in a rejection
-    draft_s: float = 0.0                     # time spent in the draft
-    verify_s: float = 0.0                    # time spent in target passes (prefill excluded)
+    proposed: int = 0  # guesses the draft made
+    accepted: int = 0  # guesses the target kept
+    rejected: int = 0  # rounds that ended in a rejection
+    draft_s: float = 0.0  # time spent in the draft
+    verify_s: float = 0.0  # time spent in target passes (prefill excluded)
     prefill_s: float = 0.0
     total_s: float = 0.0
 
@@ -107,9 +111,16 @@ def expected_tokens_per_pass(alpha: float, k: int) -> float:
 
 
 @torch.inference_mode()
-def speculative_generate(target, draft: Draft, prompt_ids, max_new_tokens: int, k: int = 4,
-                         sampling: Sampling = Sampling(), stop_tokens=(),
-                         acceptance: AcceptanceRule = exact_acceptance) -> SpeculativeGeneration:
+def speculative_generate(
+    target,
+    draft: Draft,
+    prompt_ids,
+    max_new_tokens: int,
+    k: int = 4,
+    sampling: Sampling = Sampling(),
+    stop_tokens=(),
+    acceptance: AcceptanceRule = exact_acceptance,
+) -> SpeculativeGeneration:
     """Generate like `generate(target, ...)`, with `draft` proposing up to k tokens per target pass.
 
     Greedy (temperature 0) gives the target's own greedy tokens; sampling gives tokens distributed
@@ -127,12 +138,16 @@ def speculative_generate(target, draft: Draft, prompt_ids, max_new_tokens: int, 
         raise ValueError(f"k (tokens drafted per pass) must be >= 1, got {k}")
     capacity = len(context) + max_new_tokens + k + 1
     if capacity > target.max_positions:
-        raise ValueError(f"prompt ({len(context)}) + max_new_tokens ({max_new_tokens}) + k + 1 exceeds "
-                         f"the model's context of {target.max_positions} tokens")
+        raise ValueError(
+            f"prompt ({len(context)}) + max_new_tokens ({max_new_tokens}) + k + 1 exceeds "
+            f"the model's context of {target.max_positions} tokens"
+        )
     vocab = target.lm_head.out_features
     if getattr(draft, "vocab_size", vocab) != vocab:
-        raise ValueError(f"the draft's vocabulary ({draft.vocab_size} tokens) differs from the target's ({vocab}); "
-                         "a draft model must share the target's tokenizer")
+        raise ValueError(
+            f"the draft's vocabulary ({draft.vocab_size} tokens) differs from the target's ({vocab}); "
+            "a draft model must share the target's tokenizer"
+        )
     cache = target.new_cache(batch=1, max_tokens=capacity)
     draft.reset(capacity)
     generator = make_generator(sampling, device)
@@ -148,7 +163,9 @@ def speculative_generate(target, draft: Draft, prompt_ids, max_new_tokens: int, 
         room = max_new_tokens - len(out.tokens) - 1  # never draft past the requested length
         proposal = draft.propose(context, min(k, room), sampling, generator)
         t1 = time.perf_counter()
-        n, token = verify(target, cache, context[-1], proposal, sampling, generator, acceptance, vocab)
+        n, token = verify(
+            target, cache, context[-1], proposal, sampling, generator, acceptance, vocab
+        )
         out.verify_s += time.perf_counter() - t1
         out.draft_s += t1 - t0
         out.proposed += len(proposal)
@@ -159,7 +176,7 @@ def speculative_generate(target, draft: Draft, prompt_ids, max_new_tokens: int, 
         context += produced
         stop = next((i for i, t in enumerate(produced) if t in stop_tokens), None)
         if stop is not None:
-            produced = produced[:stop + 1]
+            produced = produced[: stop + 1]
         out.tokens += produced
         out.tokens_per_pass.append(len(produced))
         if stop is not None:
@@ -168,12 +185,22 @@ def speculative_generate(target, draft: Draft, prompt_ids, max_new_tokens: int, 
     return out
 
 
-def verify(target, cache, last_token: int, proposal: Proposal, sampling, generator,
-           acceptance: AcceptanceRule, vocab: int) -> tuple[int, int]:
+def verify(
+    target,
+    cache,
+    last_token: int,
+    proposal: Proposal,
+    sampling,
+    generator,
+    acceptance: AcceptanceRule,
+    vocab: int,
+) -> tuple[int, int]:
     """One target pass over [last_token, guesses...]: how many guesses survive, and the next token."""
     device = cache.keys.device
     fed = torch.tensor([[last_token, *proposal.tokens]], device=device)
-    logits = target(fed, cache)[0]  # [k+1, vocab]: the target's next-token logits after each fed token
+    logits = target(fed, cache)[
+        0
+    ]  # [k+1, vocab]: the target's next-token logits after each fed token
     guesses = torch.tensor(proposal.tokens, dtype=torch.long, device=device)
     if sampling.greedy:
         return greedy_acceptance(logits, guesses)

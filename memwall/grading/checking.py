@@ -29,7 +29,9 @@ def check(name, answer, **context):
     except AssertionError as error:
         raise AssertionError(f"{name}: {error}") from None
     except Exception as error:
-        raise AssertionError(f"{name}: checking your answer raised {type(error).__name__}: {error}") from None
+        raise AssertionError(
+            f"{name}: checking your answer raised {type(error).__name__}: {error}"
+        ) from None
     cases = cases if isinstance(cases, int) and cases > 0 else 1
     print(f"{PASS_MARK} {name}: {cases}/{cases} cases passed")
 

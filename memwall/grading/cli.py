@@ -15,7 +15,9 @@ def register_cli(subparsers):
         help="regenerate exercises/ from solutions/ (or --check that they agree)",
         description="Write the student copy of every solutions/*.ipynb into exercises/.",
     )
-    exercises.add_argument("--check", action="store_true", help="change nothing; exit 1 if out of sync")
+    exercises.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if out of sync"
+    )
     exercises.add_argument("--solutions", default="solutions", help="folder of solution notebooks")
     exercises.add_argument("--exercises", default="exercises", help="folder of student copies")
     exercises.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -29,16 +31,36 @@ def register_cli(subparsers):
             "solutions/NN_slug.ipynb: one CSV row per notebook, one feedback file each."
         ),
     )
-    grade.add_argument("submissions", metavar="SUBMISSIONS_DIR", help="folder of submitted notebooks")
+    grade.add_argument(
+        "submissions", metavar="SUBMISSIONS_DIR", help="folder of submitted notebooks"
+    )
     grade.add_argument("--out", default="grades.csv", help="CSV to write (default: grades.csv)")
-    grade.add_argument("--feedback", metavar="DIR", default=None, help="write one feedback .txt per notebook here")
-    grade.add_argument("--timeout", type=float, default=DEFAULT_NOTEBOOK_TIMEOUT, metavar="SECONDS",
-                       help=f"wall-clock limit per notebook (default {DEFAULT_NOTEBOOK_TIMEOUT})")
-    grade.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT, metavar="SECONDS",
-                       help=f"limit per cell (default {DEFAULT_CELL_TIMEOUT})")
-    grade.add_argument("--jobs", type=int, default=1, metavar="N", help="notebooks graded in parallel")
-    grade.add_argument("--solutions", default="solutions", metavar="DIR", help="folder of solution notebooks")
-    grade.add_argument("--json", action="store_true", help="print the rows as JSON instead of a summary")
+    grade.add_argument(
+        "--feedback", metavar="DIR", default=None, help="write one feedback .txt per notebook here"
+    )
+    grade.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_NOTEBOOK_TIMEOUT,
+        metavar="SECONDS",
+        help=f"wall-clock limit per notebook (default {DEFAULT_NOTEBOOK_TIMEOUT})",
+    )
+    grade.add_argument(
+        "--cell-timeout",
+        type=float,
+        default=DEFAULT_CELL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"limit per cell (default {DEFAULT_CELL_TIMEOUT})",
+    )
+    grade.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="notebooks graded in parallel"
+    )
+    grade.add_argument(
+        "--solutions", default="solutions", metavar="DIR", help="folder of solution notebooks"
+    )
+    grade.add_argument(
+        "--json", action="store_true", help="print the rows as JSON instead of a summary"
+    )
     grade.set_defaults(run=run_grade)
 
 
@@ -47,12 +69,22 @@ def run_exercises(args) -> int:
     from memwall.grading.validate import validate_solution
 
     problems = {
-        str(path): validate_solution(read_notebook(path)) for path in notebooks_in(Path(args.solutions))
+        str(path): validate_solution(read_notebook(path))
+        for path in notebooks_in(Path(args.solutions))
     }
     problems = {path: found for path, found in problems.items() if found}
     out_of_sync = sync_exercises(args.solutions, args.exercises, check=args.check)
     if args.json:
-        print(json.dumps({"out_of_sync": out_of_sync, "format_problems": problems, "written": not args.check}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "out_of_sync": out_of_sync,
+                    "format_problems": problems,
+                    "written": not args.check,
+                },
+                indent=2,
+            )
+        )
     else:
         verb = "out of sync" if args.check else "regenerated"
         for line in out_of_sync:

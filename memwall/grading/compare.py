@@ -38,7 +38,9 @@ def compare_function(student, reference, cases, rtol=DEFAULT_RTOL, atol=0.0) -> 
             raise AssertionError(f"{call} raised {type(error).__name__}: {error}") from None
         problem = difference(expected, got, rtol, atol)
         if problem:
-            raise AssertionError(f"wrong answer for {call}: {problem} (case {number} of {len(cases)})")
+            raise AssertionError(
+                f"wrong answer for {call}: {problem} (case {number} of {len(cases)})"
+            )
     return len(cases)
 
 
@@ -77,7 +79,9 @@ def difference(expected, got, rtol=DEFAULT_RTOL, atol=0.0, where=""):
         if not isinstance(got, dict):
             return f"{prefix}expected a dict, got {describe_type(got)} {show(got)}"
         if set(got) != set(expected):
-            return f"{prefix}expected keys {sorted(map(str, expected))}, got {sorted(map(str, got))}"
+            return (
+                f"{prefix}expected keys {sorted(map(str, expected))}, got {sorted(map(str, got))}"
+            )
         for key in expected:
             problem = difference(expected[key], got[key], rtol, atol, f"{where}[{key!r}]")
             if problem:

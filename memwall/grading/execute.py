@@ -152,7 +152,11 @@ def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None) -> NotebookR
                 kill_group(record["kernel_pid"])
         for record in records:
             if "cell" in record:
-                fields = {name: record[name] for name in CellOutcome.__dataclass_fields__ if name in record}
+                fields = {
+                    name: record[name]
+                    for name in CellOutcome.__dataclass_fields__
+                    if name in record
+                }
                 result.cells[record["cell"]] = CellOutcome(**fields)
         result.log_tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARACTERS:]
     return result

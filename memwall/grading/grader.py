@@ -85,7 +85,13 @@ def grade(
         for submission in submissions
     ]
     try:
-        for future in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="nb", disable=not progress):
+        for future in tqdm(
+            as_completed(futures),
+            total=len(futures),
+            desc="grading",
+            unit="nb",
+            disable=not progress,
+        ):
             rows.append(future.result())
     except KeyboardInterrupt:
         # Ctrl-C should stop now, not after every queued notebook has run to its timeout.
@@ -114,11 +120,15 @@ class SolutionBook:
     def get(self, chapter):
         if chapter not in self._cache:
             path = self.folder / f"{chapter}.ipynb"
-            self._cache[chapter] = nbformat.read(str(path), as_version=4) if chapter and path.is_file() else None
+            self._cache[chapter] = (
+                nbformat.read(str(path), as_version=4) if chapter and path.is_file() else None
+            )
         return self._cache[chapter]
 
 
-def grade_submission(submission: Submission, solutions, timeout, cell_timeout, threads=None) -> GradeRow:
+def grade_submission(
+    submission: Submission, solutions, timeout, cell_timeout, threads=None
+) -> GradeRow:
     """Grade one notebook; never raises, a failure becomes the row's status."""
     started = time.monotonic()
     row = GradeRow(submission.student, submission.notebook, submission.chapter)
@@ -139,7 +149,9 @@ def _grade_into(row, submission, solutions, timeout, cell_timeout, threads):
     if solution is None:
         row.status = f"wrong chapter: no solution for {submission.chapter}"
         return
-    row.checks = [CheckResult(name, points, 0, "not run") for _, name, points in check_cells(solution)]
+    row.checks = [
+        CheckResult(name, points, 0, "not run") for _, name, points in check_cells(solution)
+    ]
     row.max_points = sum(result.points for result in row.checks)
     nb, problem = read_submission(submission.path)
     if problem:
@@ -182,7 +194,11 @@ def read_submission(path: Path):
 
 
 def wrong_chapter_status(nb, chapter) -> str:
-    source = nb.metadata.get("memwall", {}).get("generated_from") if isinstance(nb.metadata.get("memwall"), dict) else None
+    source = (
+        nb.metadata.get("memwall", {}).get("generated_from")
+        if isinstance(nb.metadata.get("memwall"), dict)
+        else None
+    )
     if source and Path(str(source)).stem != chapter:
         return f"wrong chapter: contains {Path(str(source)).stem} exercises"
     return f"wrong chapter: no exercise of {chapter} found"
@@ -207,12 +223,18 @@ def score_checks(nb, run, timeout) -> list:
     for index, name, points in check_cells(nb):
         outcome = run.cells.get(index)
         if outcome is None or not outcome.ran:
-            why = f"not reached: the notebook ran out of time ({timeout:g} s)" if run.wall_timeout else "not run"
+            why = (
+                f"not reached: the notebook ran out of time ({timeout:g} s)"
+                if run.wall_timeout
+                else "not run"
+            )
             results.append(CheckResult(name, points, 0, why))
         elif outcome.passed and f"{PASS_MARK} {name}:" in outcome.stdout:
             results.append(CheckResult(name, points, points, pass_line(outcome.stdout, name)))
         elif outcome.passed:
-            results.append(CheckResult(name, points, 0, "the check printed no result (was `check` replaced?)"))
+            results.append(
+                CheckResult(name, points, 0, "the check printed no result (was `check` replaced?)")
+            )
         else:
             results.append(CheckResult(name, points, 0, explain_failure(outcome)))
     return results
@@ -225,7 +247,7 @@ def explain_failure(outcome) -> str:
     if outcome.timed_out:
         return f"timed out ({strip_ansi(outcome.message).split('.')[0]}); an endless loop?"
     if error.startswith("AssertionError: "):
-        return error[len("AssertionError: "):]
+        return error[len("AssertionError: ") :]
     if error.startswith("NameError: "):
         return f"not implemented yet ({error}: did the exercise cell run without errors?)"
     return error or strip_ansi(outcome.message) or "failed"
@@ -236,7 +258,7 @@ def pass_line(stdout, name) -> str:
     prefix = f"{PASS_MARK} {name}:"
     for line in stdout.splitlines():
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
     return "passed"
 
 

@@ -25,7 +25,9 @@ STDOUT_KEPT_CHARACTERS = 20_000
 
 def pytest_addoption(parser):
     parser.addoption("--memwall-results", default=None, help="JSON-lines file for per-cell results")
-    parser.addoption("--memwall-key-file", default=None, help="file with the signing key; deleted once read")
+    parser.addoption(
+        "--memwall-key-file", default=None, help="file with the signing key; deleted once read"
+    )
 
 
 def pytest_configure(config):
@@ -100,11 +102,19 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     # One record per cell: its "call", or its "setup" when that failed (the kernel did not start).
-    if not hasattr(item, "cell_num") or call.when == "teardown" or (call.when == "setup" and report.passed):
+    if (
+        not hasattr(item, "cell_num")
+        or call.when == "teardown"
+        or (call.when == "setup" and report.passed)
+    ):
         return
     outputs = getattr(item, "test_outputs", None) or []
     stdout = "".join(out.get("text", "") for out in outputs if out.get("output_type") == "stream")
-    errors = [f"{out.get('ename')}: {out.get('evalue')}" for out in outputs if out.get("output_type") == "error"]
+    errors = [
+        f"{out.get('ename')}: {out.get('evalue')}"
+        for out in outputs
+        if out.get("output_type") == "error"
+    ]
     message = str(call.excinfo.value) if call.excinfo is not None else ""
     # nbval marks every cell after a timeout as xfail; one that still passes is a real pass.
     not_run = report.skipped and not hasattr(report, "wasxfail")

@@ -6,8 +6,8 @@ until a notebook uses it, and adding a chapter needs no central list.
 """
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 CHECKS_PACKAGE = "memwall.grading.checks"
 

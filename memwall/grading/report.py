@@ -38,23 +38,33 @@ def write_feedback(row, path):
     ]
     for result in row.checks:
         passed = result.earned == result.points and result.points
-        lines.append(f"{'✓' if passed else '✗'} {result.name} ({number(result.earned)}/{number(result.points)} points)")
+        lines.append(
+            f"{'✓' if passed else '✗'} {result.name} ({number(result.earned)}/{number(result.points)} points)"
+        )
         lines += [f"    {line}" for line in result.message.splitlines()]
     if "restored" in row.status:
-        lines += ["", "Check cells and cell order were put back as in the handed-out notebook;", "only the original checks count."]
+        lines += [
+            "",
+            "Check cells and cell order were put back as in the handed-out notebook;",
+            "only the original checks count.",
+        ]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def print_summary(rows, skipped, out_csv, feedback_dir, seconds):
     problems = [row for row in rows if not row.ok]
     students = {row.student for row in rows}
-    print(f"graded {len(rows)} notebooks from {len(students)} students in {seconds:.0f} s -> {out_csv}")
+    print(
+        f"graded {len(rows)} notebooks from {len(students)} students in {seconds:.0f} s -> {out_csv}"
+    )
     if feedback_dir is not None:
         print(f"feedback files in {feedback_dir}/")
     for row in problems:
         print(f"  {row.student}, {row.notebook}: {row.status}")
     if skipped:
-        print(f"skipped {len(skipped)} files that are not notebooks: {', '.join(p.name for p in skipped[:5])}")
+        print(
+            f"skipped {len(skipped)} files that are not notebooks: {', '.join(p.name for p in skipped[:5])}"
+        )
 
 
 def number(value):

@@ -107,7 +107,11 @@ class _SolutionLayout:
         by_line = self.exercise_by_first_line.get(first_line(source))
         if by_line is not None and by_line not in taken:
             return "exercise", by_line
-        if cell_id in self.original_ids or source.strip() in self.original_sources or not source.strip():
+        if (
+            cell_id in self.original_ids
+            or source.strip() in self.original_sources
+            or not source.strip()
+        ):
             return "original", None
         return "added", None
 
@@ -126,7 +130,11 @@ def _rebuild(solution_nb, answers, extras):
             first_exercise = False
         for number, source in enumerate(answers.get(ex_id, [])):
             # The first copy keeps the solution cell's id and metadata; duplicates get new ids.
-            answer = nbformat.from_dict(cell) if number == 0 else nbformat.v4.new_code_cell(metadata=cell.metadata)
+            answer = (
+                nbformat.from_dict(cell)
+                if number == 0
+                else nbformat.v4.new_code_cell(metadata=cell.metadata)
+            )
             answer["source"] = source
             cells.append(answer)
         cells += [nbformat.v4.new_code_cell(source) for source in extras[ex_id]]
@@ -138,7 +146,9 @@ def _rebuild(solution_nb, answers, extras):
 
 def _notes(layout, answers, seen_checks, order):
     notes = []
-    edited = sum(1 for name, source in seen_checks.items() if source.strip() != layout.checks[name].strip())
+    edited = sum(
+        1 for name, source in seen_checks.items() if source.strip() != layout.checks[name].strip()
+    )
     missing_checks = sum(1 for name in layout.checks if name not in seen_checks)
     if edited:
         notes.append(f"restored {edited} edited check cell{'s' * (edited > 1)}")

@@ -50,7 +50,9 @@ def blank_solution_spans(source: str, message: str) -> str:
             inside = True
             indent = line[: len(line) - len(line.lstrip())]
             # json.dumps gives a double-quoted literal that is also valid Python.
-            output.append(f"{indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})\n")
+            output.append(
+                f"{indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})\n"
+            )
         elif stripped.startswith(END_SOLUTION):
             if not inside:
                 raise ValueError(f"{END_SOLUTION} without {BEGIN_SOLUTION} in:\n{source}")
@@ -76,7 +78,9 @@ def exercise_numbers(nb) -> dict:
 
 def solution_fingerprint(nb) -> str:
     """A hash of what the solution says (not of its outputs), to tell copies of it apart."""
-    content = [(cell.get("cell_type"), cell_source(cell), cell.get("metadata", {})) for cell in nb.cells]
+    content = [
+        (cell.get("cell_type"), cell_source(cell), cell.get("metadata", {})) for cell in nb.cells
+    ]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 

@@ -47,7 +47,9 @@ def find_submissions(folder) -> tuple:
                     skipped.append(inner)
         elif is_notebook(path):
             student, _, chapter = path.stem.rpartition(SEPARATOR)
-            found.append(Submission(student, chapter, path) if student else Submission(path.stem, "", path))
+            found.append(
+                Submission(student, chapter, path) if student else Submission(path.stem, "", path)
+            )
         else:
             skipped.append(path)
     return sorted(found, key=lambda s: (s.student, s.chapter, s.path.name)), skipped

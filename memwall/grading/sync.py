@@ -25,9 +25,13 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
     for solution_path in solution_paths:
         expected = make_student_copy(read_notebook(solution_path), solution_path.name)
         target = exercises_dir / solution_path.name
-        if target.exists() and notebook_signature(read_notebook(target)) == notebook_signature(expected):
+        if target.exists() and notebook_signature(read_notebook(target)) == notebook_signature(
+            expected
+        ):
             continue
-        out_of_sync.append(f"{target}: {'differs from' if target.exists() else 'missing for'} {solution_path}")
+        out_of_sync.append(
+            f"{target}: {'differs from' if target.exists() else 'missing for'} {solution_path}"
+        )
         if not check:
             exercises_dir.mkdir(parents=True, exist_ok=True)
             nbformat.write(expected, target)

@@ -9,7 +9,10 @@ only raises a flag in the status column; the points stay what the run produced.
 import re
 
 SUSPICIOUS = [
-    (re.compile(r"memwall\s*\.\s*grading|from\s+memwall\s+import\s+.*\bgrading\b"), "touches memwall.grading"),
+    (
+        re.compile(r"memwall\s*\.\s*grading|from\s+memwall\s+import\s+.*\bgrading\b"),
+        "touches memwall.grading",
+    ),
     (re.compile(r"^\s*(def\s+check\s*\(|check\s*=[^=])", re.MULTILINE), "redefines check"),
     (re.compile(r"sys\s*\.\s*modules|__import__|importlib|\bbuiltins\b"), "patches imports"),
     # Code built at run time would slip past the patterns above.

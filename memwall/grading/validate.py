@@ -34,7 +34,9 @@ def validate_solution(nb, min_checks=MIN_CHECKS_PER_CHAPTER, resolve_checks=True
         if name is not None:
             problems += _check_cell_problems(where, cell, source, name, seen_checks, resolve_checks)
     if len(seen_checks) < min_checks:
-        problems.append(f"has {len(seen_checks)} check cells; every chapter needs at least {min_checks}")
+        problems.append(
+            f"has {len(seen_checks)} check cells; every chapter needs at least {min_checks}"
+        )
     return problems
 
 
@@ -43,7 +45,9 @@ def _exercise_cell_problems(where, cell, source, ex_id, seen):
     if cell.get("cell_type") != "code":
         return [f"{where}: {BEGIN_SOLUTION} is only allowed in code cells"]
     if ex_id is None:
-        problems.append(f'{where}: has solution markers but no metadata {{"memwall": {{"solution": "<id>"}}}}')
+        problems.append(
+            f'{where}: has solution markers but no metadata {{"memwall": {{"solution": "<id>"}}}}'
+        )
     elif ex_id in seen:
         problems.append(f"{where}: exercise id {ex_id!r} is used by two cells")
     else:
@@ -74,7 +78,9 @@ def _check_cell_problems(where, cell, source, name, seen, resolve_checks):
         problems.append(f"{where}: a check cell must not contain solution markers")
     # The cell imports `check` itself, so a student's own `check = ...` is overridden.
     if not re.search(r"^from memwall\.grading import check\s*$", source, re.MULTILINE):
-        problems.append(f"{where}: check cell must contain the line 'from memwall.grading import check'")
+        problems.append(
+            f"{where}: check cell must contain the line 'from memwall.grading import check'"
+        )
     if not re.search(rf"""\bcheck\(\s*["']{re.escape(name)}["']""", source):
         problems.append(f"{where}: check cell must call check({name!r}, ...)")
     if resolve_checks:

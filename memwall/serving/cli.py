@@ -7,7 +7,9 @@ import threading
 
 
 def register_cli(subparsers):
-    parser = subparsers.add_parser("serve", help="serve memwall's engine over an OpenAI-compatible HTTP API")
+    parser = subparsers.add_parser(
+        "serve", help="serve memwall's engine over an OpenAI-compatible HTTP API"
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -15,14 +17,20 @@ def register_cli(subparsers):
 
 
 def add_bench_serve(bench_subparsers):
-    parser = bench_subparsers.add_parser("serve", help="TTFT/TPOT of an OpenAI-compatible endpoint under load")
+    parser = bench_subparsers.add_parser(
+        "serve", help="TTFT/TPOT of an OpenAI-compatible endpoint under load"
+    )
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--requests", type=int, default=8, help="stop after this many requests")
     parser.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--prompt", default="Explain why decoding a language model is limited by memory bandwidth.")
-    parser.add_argument("--served-model", default=None, help="the 'model' field to send, if the server needs one")
+    parser.add_argument(
+        "--prompt", default="Explain why decoding a language model is limited by memory bandwidth."
+    )
+    parser.add_argument(
+        "--served-model", default=None, help="the 'model' field to send, if the server needs one"
+    )
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(run=run_bench_serve)
 
@@ -33,8 +41,12 @@ def run_serve(args):
     from memwall.serving.server import start_server
 
     hf_model, tokenizer = models.load(args.model)
-    server = start_server(Transformer.from_hf(hf_model), tokenizer, args.model, args.host, args.port)
-    print(f"memwall serving {args.model} at http://{args.host}:{server.server_port}/v1 (Ctrl-C to stop)")
+    server = start_server(
+        Transformer.from_hf(hf_model), tokenizer, args.model, args.host, args.port
+    )
+    print(
+        f"memwall serving {args.model} at http://{args.host}:{server.server_port}/v1 (Ctrl-C to stop)"
+    )
     try:
         threading.Event().wait()  # the server runs in its own thread
     except KeyboardInterrupt:
@@ -45,17 +57,28 @@ def run_serve(args):
 def run_bench_serve(args):
     from memwall.serving.load import run_load
 
-    summary = run_load(args.url, args.concurrency, args.requests, args.duration, args.max_tokens, args.prompt,
-                       args.served_model)
+    summary = run_load(
+        args.url,
+        args.concurrency,
+        args.requests,
+        args.duration,
+        args.max_tokens,
+        args.prompt,
+        args.served_model,
+    )
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0 if summary["succeeded"] else 1
-    print(f"{args.url}  concurrency {args.concurrency}: {summary['succeeded']}/{summary['requests']} requests ok "
-          f"in {summary['wall_s']:.1f} s")
+    print(
+        f"{args.url}  concurrency {args.concurrency}: {summary['succeeded']}/{summary['requests']} requests ok "
+        f"in {summary['wall_s']:.1f} s"
+    )
     for name in ("ttft", "tpot", "latency"):
         s = summary[name]
         if s["median_ms"] is not None:
-            print(f"  {name.upper():8s} median {s['median_ms']:9.1f} ms   p90 {s['p90_ms']:9.1f} ms")
+            print(
+                f"  {name.upper():8s} median {s['median_ms']:9.1f} ms   p90 {s['p90_ms']:9.1f} ms"
+            )
     print(f"  throughput {summary['throughput_tok_per_s']:.1f} output tok/s")
     for error in summary["errors"]:
         print(f"  error: {error}")

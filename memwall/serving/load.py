@@ -26,12 +26,17 @@ class RequestResult:
     error: str | None = None
 
 
-def one_request(url: str, prompt: str, max_tokens: int, model: str | None, timeout_s: float) -> RequestResult:
+def one_request(
+    url: str, prompt: str, max_tokens: int, model: str | None, timeout_s: float
+) -> RequestResult:
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
     if model:
         body["model"] = model
-    request = urllib.request.Request(url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url.rstrip("/") + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     result, token_times = RequestResult(), []
     start = time.perf_counter()
     try:
@@ -44,7 +49,9 @@ def one_request(url: str, prompt: str, max_tokens: int, model: str | None, timeo
                 if data == "[DONE]":
                     break
                 choices = json.loads(data).get("choices") or []
-                if choices and (choices[0].get("text") or choices[0].get("delta", {}).get("content")):
+                if choices and (
+                    choices[0].get("text") or choices[0].get("delta", {}).get("content")
+                ):
                     token_times.append(time.perf_counter())
     except (urllib.error.URLError, OSError, ValueError) as error:
         result.error = f"{type(error).__name__}: {error}"
@@ -57,9 +64,16 @@ def one_request(url: str, prompt: str, max_tokens: int, model: str | None, timeo
     return result
 
 
-def run_load(url: str, concurrency: int = 1, requests: int = 8, duration_s: float = 60.0, max_tokens: int = 32,
-             prompt: str = "Explain why decoding a language model is limited by memory bandwidth.",
-             model: str | None = None, timeout_s: float = 60.0) -> dict:
+def run_load(
+    url: str,
+    concurrency: int = 1,
+    requests: int = 8,
+    duration_s: float = 60.0,
+    max_tokens: int = 32,
+    prompt: str = "Explain why decoding a language model is limited by memory bandwidth.",
+    model: str | None = None,
+    timeout_s: float = 60.0,
+) -> dict:
     """Drive `url` with `concurrency` streaming clients; return a summary dict (see module docstring)."""
     if concurrency < 1 or requests < 1 or duration_s <= 0 or max_tokens < 1:
         raise ValueError("concurrency, requests, duration and max_tokens must all be positive")
@@ -73,7 +87,13 @@ def run_load(url: str, concurrency: int = 1, requests: int = 8, duration_s: floa
                 if sent[0] >= requests:
                     return
                 sent[0] += 1
-            outcome = one_request(url, prompt, max_tokens, model, min(timeout_s, max(deadline - time.perf_counter(), 1)))
+            outcome = one_request(
+                url,
+                prompt,
+                max_tokens,
+                model,
+                min(timeout_s, max(deadline - time.perf_counter(), 1)),
+            )
             with lock:
                 results.append(outcome)
 
@@ -97,9 +117,16 @@ def summarize(results: list[RequestResult], wall_s: float, **context) -> dict:
         p90 = values[min(len(values) - 1, int(round(0.9 * (len(values) - 1))))]
         return {"median_ms": statistics.median(values) * 1e3, "p90_ms": p90 * 1e3}
 
-    return {**context, "requests": len(results), "succeeded": len(ok), "failed": len(results) - len(ok),
-            "errors": sorted({r.error for r in results if r.error})[:5], "wall_s": wall_s,
-            "ttft": stats(r.ttft_s for r in ok), "tpot": stats(r.tpot_s for r in ok),
-            "latency": stats(r.latency_s for r in ok),
-            "output_tokens": sum(r.tokens for r in ok),
-            "throughput_tok_per_s": sum(r.tokens for r in ok) / wall_s if wall_s > 0 else 0.0}
+    return {
+        **context,
+        "requests": len(results),
+        "succeeded": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+        "wall_s": wall_s,
+        "ttft": stats(r.ttft_s for r in ok),
+        "tpot": stats(r.tpot_s for r in ok),
+        "latency": stats(r.latency_s for r in ok),
+        "output_tokens": sum(r.tokens for r in ok),
+        "throughput_tok_per_s": sum(r.tokens for r in ok) / wall_s if wall_s > 0 else 0.0,
+    }

@@ -35,8 +35,9 @@ class EngineService:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise ValueError("'messages' must be a non-empty list")
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=False)
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("'prompt' must be a non-empty string")
@@ -49,8 +50,10 @@ class EngineService:
         if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
             raise ValueError(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}")
         if len(ids) + max_tokens > self.engine.max_positions:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens exceeds the context of "
-                             f"{self.engine.max_positions}")
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens exceeds the context of "
+                f"{self.engine.max_positions}"
+            )
         stop = {self.tokenizer.eos_token_id}
         with self.lock, torch.inference_mode():
             cache = self.engine.new_cache(max_tokens=len(ids) + max_tokens)
@@ -64,7 +67,7 @@ class EngineService:
                 # Decode the running text and emit the new suffix, so multi-token characters come out whole.
                 before = self.tokenizer.decode(produced)
                 produced.append(token_id)
-                yield token_id, self.tokenizer.decode(produced)[len(before):]
+                yield token_id, self.tokenizer.decode(produced)[len(before) :]
                 if len(produced) < max_tokens:
                     token = sample(decode_step(self.engine, token, cache), sampling, generator)
 
@@ -78,7 +81,9 @@ def make_handler(service: EngineService):
 
         def do_GET(self):
             if self.path.rstrip("/") == "/v1/models":
-                self._json(200, {"object": "list", "data": [{"id": service.model_name, "object": "model"}]})
+                self._json(
+                    200, {"object": "list", "data": [{"id": service.model_name, "object": "model"}]}
+                )
             else:
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -87,10 +92,15 @@ def make_handler(service: EngineService):
             if not chat and self.path.rstrip("/") != "/v1/completions":
                 return self._json(404, {"error": {"message": f"no route {self.path}"}})
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                body = json.loads(
+                    self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"
+                )
                 ids = service.prompt_ids(body, chat)
-                sampling = Sampling(float(body.get("temperature", 0.0)), float(body.get("top_p", 1.0)),
-                                    body.get("seed"))
+                sampling = Sampling(
+                    float(body.get("temperature", 0.0)),
+                    float(body.get("top_p", 1.0)),
+                    body.get("seed"),
+                )
                 pieces = service.stream(ids, int(body.get("max_tokens", 16)), sampling)
                 if body.get("stream"):
                     self._stream(pieces, chat, len(ids))
@@ -117,14 +127,25 @@ def make_handler(service: EngineService):
             request_id, count = f"cmpl-{uuid.uuid4().hex[:12]}", 0
             for _, piece in pieces:
                 count += 1
-                chunk = {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                         "created": int(time.time()), "model": service.model_name,
-                         "choices": [{"index": 0, "finish_reason": None,
-                                      **({"delta": {"content": piece}} if chat else {"text": piece})}]}
+                chunk = {
+                    "id": request_id,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": service.model_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": None,
+                            **({"delta": {"content": piece}} if chat else {"text": piece}),
+                        }
+                    ],
+                }
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count}
-            self.wfile.write(f"data: {json.dumps({'id': request_id, 'choices': [], 'usage': usage})}\n\n".encode())
+            self.wfile.write(
+                f"data: {json.dumps({'id': request_id, 'choices': [], 'usage': usage})}\n\n".encode()
+            )
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
@@ -135,14 +156,23 @@ def make_handler(service: EngineService):
 def _completion(model_name, text, chat, prompt_tokens):
     choice = {"index": 0, "finish_reason": "stop"}
     choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-    return {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model_name, "choices": [choice],
-            "usage": {"prompt_tokens": prompt_tokens}}
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice],
+        "usage": {"prompt_tokens": prompt_tokens},
+    }
 
 
-def start_server(engine, tokenizer, model_name="smollm2-135m", host="127.0.0.1", port=0) -> ThreadingHTTPServer:
+def start_server(
+    engine, tokenizer, model_name="smollm2-135m", host="127.0.0.1", port=0
+) -> ThreadingHTTPServer:
     """Start serving in a background thread; returns the server (its URL port is server.server_port)."""
-    server = ThreadingHTTPServer((host, port), make_handler(EngineService(engine, tokenizer, model_name)))
+    server = ThreadingHTTPServer(
+        (host, port), make_handler(EngineService(engine, tokenizer, model_name))
+    )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

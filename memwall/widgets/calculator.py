@@ -20,11 +20,25 @@ from memwall.specs import CATALOG as MODELS
 from memwall.specs import get_spec
 
 WEIGHT_DTYPES = ["bf16", "fp16", "fp32", "fp8", "int8", "int8-g128", "int4-g128", "int4", "q4_1"]
-KV_DTYPES = [("same as compute", None), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"),
-             ("fp8", "fp8"), ("int8", "int8"), ("int4", "int4")]
+KV_DTYPES = [
+    ("same as compute", None),
+    ("bf16", "bf16"),
+    ("fp16", "fp16"),
+    ("fp32", "fp32"),
+    ("fp8", "fp8"),
+    ("int8", "int8"),
+    ("int4", "int4"),
+]
 CONTEXTS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-DEFAULTS = dict(model="llama-3-8b", hardware="h100-sxm", dtype="bf16", kv_dtype=None, context=8192,
-                batch=16, kv_heads=None)
+DEFAULTS = dict(
+    model="llama-3-8b",
+    hardware="h100-sxm",
+    dtype="bf16",
+    kv_dtype=None,
+    context=8192,
+    batch=16,
+    kv_heads=None,
+)
 COLORS = {"weights": "#4c72b0", "kv": "#dd8452", "free": "#e5e5e5", "over": "#c44e52"}
 
 
@@ -36,10 +50,19 @@ def kv_head_choices(model) -> list[int]:
     return [n for n in range(1, spec.n_heads + 1) if spec.n_heads % n == 0]
 
 
-def figures(model, hardware, dtype="bf16", kv_dtype=None, context=1024, batch=1, kv_heads=None) -> dict:
+def figures(
+    model, hardware, dtype="bf16", kv_dtype=None, context=1024, batch=1, kv_heads=None
+) -> dict:
     """`cost.calc`'s dict plus the calculator's extras (MHA ratio, memory-bar fractions)."""
-    result = cost.calc(model, hardware, dtype=dtype, context=context, batch=batch, kv_dtype=kv_dtype,
-                       kv_heads=kv_heads)
+    result = cost.calc(
+        model,
+        hardware,
+        dtype=dtype,
+        context=context,
+        batch=batch,
+        kv_dtype=kv_dtype,
+        kv_heads=kv_heads,
+    )
     spec = get_spec(model)
     n_heads, n_kv = spec.n_heads, result["n_kv_heads"]
     needed, memory = result["memory_needed_bytes"], result["memory_bytes"]
@@ -60,9 +83,10 @@ def figures(model, hardware, dtype="bf16", kv_dtype=None, context=1024, batch=1,
 
 # ---- displayed text: the same rounding rules as calculator_core.js ---------------------------------
 
+
 def round_to(x: float, decimals: int) -> float:
     """Half-up rounding written as floor(x * 10^d + 0.5), so Python and JS round identically."""
-    p = 10 ** decimals
+    p = 10**decimals
     return math.floor(x * p + 0.5) / p
 
 
@@ -96,7 +120,7 @@ def displayed(f: dict) -> dict[str, str]:
     short = f["memory_needed_bytes"] - f["memory_bytes"]
     return {
         "attention": f"{f['attention']}: {f['n_kv_heads']} KV head{'' if f['n_kv_heads'] == 1 else 's'} "
-                     f"for {f['n_heads']} query heads",
+        f"for {f['n_heads']} query heads",
         "mha_kv_ratio": f"{format_number(f['mha_kv_ratio'])}\u00d7",
         "weights": format_bytes(f["weight_storage_bytes"]),
         "kv_per_token": f"{format_number(f['kv_bytes_per_token'] / 1024)} KiB",
@@ -115,36 +139,65 @@ def displayed(f: dict) -> dict[str, str]:
 
 # The rows of the results table: (label, key in `displayed`). static_calculator uses the same list.
 RESULT_ROWS = [
-    ("Attention", "attention"), ("MHA would need", "mha_kv_ratio"), ("Weights", "weights"),
-    ("KV cache per token", "kv_per_token"), ("KV cache per user", "kv_per_user"),
-    ("KV cache, all users", "kv_total"), ("Memory needed", "needed"), ("GPU memory", "memory"),
-    ("Free", "free"), ("Max users that fit", "max_users"),
-    ("Ceiling, tok/s per user", "tokens_per_s_per_user"), ("Ceiling, tok/s total", "tokens_per_s_total"),
-    ("Step time at least", "step_time"), ("Bound by", "bound"),
+    ("Attention", "attention"),
+    ("MHA would need", "mha_kv_ratio"),
+    ("Weights", "weights"),
+    ("KV cache per token", "kv_per_token"),
+    ("KV cache per user", "kv_per_user"),
+    ("KV cache, all users", "kv_total"),
+    ("Memory needed", "needed"),
+    ("GPU memory", "memory"),
+    ("Free", "free"),
+    ("Max users that fit", "max_users"),
+    ("Ceiling, tok/s per user", "tokens_per_s_per_user"),
+    ("Ceiling, tok/s total", "tokens_per_s_total"),
+    ("Step time at least", "step_time"),
+    ("Bound by", "bound"),
 ]
 
 
 def bar_segments(f: dict) -> list[tuple[str, float, str]]:
     """(name, percent of the bar, color): weights, KV cache, then free or the overflow."""
-    segments = [("weights", f["weight_fraction"], COLORS["weights"]), ("KV cache", f["kv_fraction"], COLORS["kv"])]
-    segments.append(("free", f["free_fraction"], COLORS["free"]) if f["fits"]
-                    else ("over", 1 - f["memory_fraction"], COLORS["over"]))
+    segments = [
+        ("weights", f["weight_fraction"], COLORS["weights"]),
+        ("KV cache", f["kv_fraction"], COLORS["kv"]),
+    ]
+    segments.append(
+        ("free", f["free_fraction"], COLORS["free"])
+        if f["fits"]
+        else ("over", 1 - f["memory_fraction"], COLORS["over"])
+    )
     return [(name, 100 * fraction, color) for name, fraction, color in segments]
 
 
 def render_html(f: dict) -> str:
     """The memory bar and the results table, as HTML (what the widget shows)."""
     text = displayed(f)
-    bar = "".join(f'<div title="{name}" style="width:{percent:.4f}%;background:{color}"></div>'
-                  for name, percent, color in bar_segments(f))
-    marker = "" if f["fits"] else (f'<div class="mw-limit" style="left:{100 * f["memory_fraction"]:.4f}%"'
-                                   ' title="GPU memory"></div>')
-    rows = "".join(f"<tr><td>{label}</td><td>{html_escape.escape(text[key])}</td></tr>" for label, key in RESULT_ROWS)
-    legend = (f'<span style="color:{COLORS["weights"]}">&#9632;</span> weights {text["weights"]} &nbsp; '
-              f'<span style="color:{COLORS["kv"]}">&#9632;</span> KV cache {text["kv_total"]} &nbsp; '
-              f'of {text["memory"]}')
-    return (f'<div class="mw-calc-out"><div class="mw-bar">{bar}{marker}</div>'
-            f'<div class="mw-legend">{legend}</div><table class="mw-table">{rows}</table></div>')
+    bar = "".join(
+        f'<div title="{name}" style="width:{percent:.4f}%;background:{color}"></div>'
+        for name, percent, color in bar_segments(f)
+    )
+    marker = (
+        ""
+        if f["fits"]
+        else (
+            f'<div class="mw-limit" style="left:{100 * f["memory_fraction"]:.4f}%"'
+            ' title="GPU memory"></div>'
+        )
+    )
+    rows = "".join(
+        f"<tr><td>{label}</td><td>{html_escape.escape(text[key])}</td></tr>"
+        for label, key in RESULT_ROWS
+    )
+    legend = (
+        f'<span style="color:{COLORS["weights"]}">&#9632;</span> weights {text["weights"]} &nbsp; '
+        f'<span style="color:{COLORS["kv"]}">&#9632;</span> KV cache {text["kv_total"]} &nbsp; '
+        f"of {text['memory']}"
+    )
+    return (
+        f'<div class="mw-calc-out"><div class="mw-bar">{bar}{marker}</div>'
+        f'<div class="mw-legend">{legend}</div><table class="mw-table">{rows}</table></div>'
+    )
 
 
 STYLE = """<style>
@@ -166,20 +219,38 @@ def cache_calculator(**overrides):
     start = {**DEFAULTS, **overrides}
     unknown = set(start) - set(DEFAULTS)
     if unknown:
-        raise ValueError(f"Unknown calculator inputs {sorted(unknown)}; choose from {', '.join(DEFAULTS)}.")
-    model = widgets.Dropdown(options=list(MODELS), value=get_spec(start["model"]).name, description="model")
+        raise ValueError(
+            f"Unknown calculator inputs {sorted(unknown)}; choose from {', '.join(DEFAULTS)}."
+        )
+    model = widgets.Dropdown(
+        options=list(MODELS), value=get_spec(start["model"]).name, description="model"
+    )
     gpu = widgets.Dropdown(options=list(HARDWARE), value=start["hardware"], description="GPU")
     dtype = widgets.Dropdown(options=WEIGHT_DTYPES, value=start["dtype"], description="weights")
     kv_dtype = widgets.Dropdown(options=KV_DTYPES, value=start["kv_dtype"], description="KV dtype")
-    context = widgets.SelectionSlider(options=_contexts(start["model"], start["context"]), value=start["context"],
-                                      description="context", continuous_update=False)
+    context = widgets.SelectionSlider(
+        options=_contexts(start["model"], start["context"]),
+        value=start["context"],
+        description="context",
+        continuous_update=False,
+    )
     users = widgets.BoundedIntText(value=start["batch"], min=1, max=100_000, description="users")
-    kv_heads = widgets.Dropdown(options=_kv_options(start["model"]), value=start["kv_heads"], description="KV heads")
+    kv_heads = widgets.Dropdown(
+        options=_kv_options(start["model"]), value=start["kv_heads"], description="KV heads"
+    )
     output = widgets.HTML()
 
     def update(*_):
         try:
-            f = figures(model.value, gpu.value, dtype.value, kv_dtype.value, context.value, users.value, kv_heads.value)
+            f = figures(
+                model.value,
+                gpu.value,
+                dtype.value,
+                kv_dtype.value,
+                context.value,
+                users.value,
+                kv_heads.value,
+            )
             output.value = STYLE + render_html(f)
         except ValueError as error:
             output.value = STYLE + f'<div class="mw-error">{html_escape.escape(str(error))}</div>'
@@ -195,15 +266,26 @@ def cache_calculator(**overrides):
     for control in (model, gpu, dtype, kv_dtype, context, users, kv_heads):
         control.observe(update, names="value")
     update()
-    return widgets.VBox([widgets.HBox([model, gpu]), widgets.HBox([dtype, kv_dtype]),
-                         widgets.HBox([context, users]), kv_heads, output])
+    return widgets.VBox(
+        [
+            widgets.HBox([model, gpu]),
+            widgets.HBox([dtype, kv_dtype]),
+            widgets.HBox([context, users]),
+            kv_heads,
+            output,
+        ]
+    )
 
 
 def _contexts(model, current) -> list[int]:
     top = get_spec(model).max_context
-    return sorted({c for c in CONTEXTS if c <= top} | {top} | ({current} if current <= top else set()))
+    return sorted(
+        {c for c in CONTEXTS if c <= top} | {top} | ({current} if current <= top else set())
+    )
 
 
 def _kv_options(model):
     spec = get_spec(model)
-    return [(f"as published ({spec.n_kv_heads})", None)] + [(str(n), n) for n in kv_head_choices(spec)]
+    return [(f"as published ({spec.n_kv_heads})", None)] + [
+        (str(n), n) for n in kv_head_choices(spec)
+    ]

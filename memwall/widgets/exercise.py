@@ -33,8 +33,8 @@ def compare_plot(student_fn, reference_fn, x, sliders=None, title=None, xlabel=N
             controls[name] = control
 
     def redraw(**values):
-        from IPython.display import display
         import matplotlib.pyplot as plt
+        from IPython.display import display
 
         figure = comparison_figure(student_fn, reference_fn, x, {**fixed, **values}, title=title,
                                    xlabel=xlabel, ylabel=ylabel, logx=logx, logy=logy)  # fmt: skip
@@ -42,7 +42,9 @@ def compare_plot(student_fn, reference_fn, x, sliders=None, title=None, xlabel=N
         plt.close(figure)  # displayed once, by us, not again by the inline backend
 
     output = widgets.interactive_output(redraw, controls)
-    return widgets.VBox([widgets.HBox(list(controls.values())) if controls else widgets.HBox(), output])
+    return widgets.VBox(
+        [widgets.HBox(list(controls.values())) if controls else widgets.HBox(), output]
+    )
 
 
 def make_control(name, spec):
@@ -53,11 +55,21 @@ def make_control(name, spec):
         return spec
     if isinstance(spec, list):
         return widgets.Dropdown(options=spec, value=spec[0], description=name)
-    if isinstance(spec, tuple) and len(spec) in (3, 4) and all(isinstance(v, numbers.Real) for v in spec):
+    if (
+        isinstance(spec, tuple)
+        and len(spec) in (3, 4)
+        and all(isinstance(v, numbers.Real) for v in spec)
+    ):
         low, high, step = spec[:3]
         value = spec[3] if len(spec) == 4 else low
-        kind = widgets.IntSlider if all(isinstance(v, numbers.Integral) for v in spec) else widgets.FloatSlider
-        return kind(min=low, max=high, step=step, value=value, description=name, continuous_update=False)
+        kind = (
+            widgets.IntSlider
+            if all(isinstance(v, numbers.Integral) for v in spec)
+            else widgets.FloatSlider
+        )
+        return kind(
+            min=low, max=high, step=step, value=value, description=name, continuous_update=False
+        )
     return None
 
 

@@ -31,9 +31,16 @@ def catalog() -> dict:
     """What the JavaScript needs from Python: the catalogs and the dtype table, as plain data."""
     return {
         "models": {name: dataclasses.asdict(spec) for name, spec in MODELS.items()},
-        "hardware": {name: {"name": hw.name, "memory_bandwidth": hw.memory_bandwidth,
-                            "peak_flops": dict(hw.peak_flops), "memory_bytes": hw.memory_bytes, "note": hw.note}
-                     for name, hw in HARDWARE.items()},
+        "hardware": {
+            name: {
+                "name": hw.name,
+                "memory_bandwidth": hw.memory_bandwidth,
+                "peak_flops": dict(hw.peak_flops),
+                "memory_bytes": hw.memory_bytes,
+                "note": hw.note,
+            }
+            for name, hw in HARDWARE.items()
+        },
         "dtype_bytes": dict(cost.DTYPE_BYTES),
         "grouped_bases": list(cost.GROUPED_BASES),
         "group_metadata_bytes": cost.GROUP_METADATA_BYTES,
@@ -50,8 +57,12 @@ def ui_config(**overrides) -> dict:
     start = {**calculator.DEFAULTS, **overrides}
     unknown = set(start) - set(calculator.DEFAULTS)
     if unknown:
-        raise ValueError(f"Unknown calculator inputs {sorted(unknown)}; choose from {', '.join(calculator.DEFAULTS)}.")
-    calculator.figures(**start)  # the starting inputs must be valid: raises a ValueError naming the choices
+        raise ValueError(
+            f"Unknown calculator inputs {sorted(unknown)}; choose from {', '.join(calculator.DEFAULTS)}."
+        )
+    calculator.figures(
+        **start
+    )  # the starting inputs must be valid: raises a ValueError naming the choices
     return {
         "catalog": catalog(),
         "defaults": start,
@@ -69,10 +80,10 @@ def html(element_id: str | None = None, **overrides) -> str:
     # "</" would end the <script> element early if it ever appeared inside the JSON.
     config = config.replace("</", "<\\/")
     return (
-        f'{calculator.STYLE}\n<style>#{element_id} .mw-field{{margin-right:10px;white-space:nowrap}}'
-        f'#{element_id} .mw-controls{{display:flex;flex-wrap:wrap;gap:4px;margin-bottom:4px}}</style>\n'
+        f"{calculator.STYLE}\n<style>#{element_id} .mw-field{{margin-right:10px;white-space:nowrap}}"
+        f"#{element_id} .mw-controls{{display:flex;flex-wrap:wrap;gap:4px;margin-bottom:4px}}</style>\n"
         f'<div id="{element_id}" class="mw-calc"><noscript>This calculator needs JavaScript.</noscript></div>\n'
-        f'<script>\n{CORE_BEGIN}\n{core_js()}\n{CORE_END}\n{_read(UI_FILE)}\n'
+        f"<script>\n{CORE_BEGIN}\n{core_js()}\n{CORE_END}\n{_read(UI_FILE)}\n"
         f'memwallCalculatorUI(document.getElementById("{element_id}"), {config});\n</script>\n'
     )
 

@@ -12,6 +12,7 @@ CASES_PER_CHECK = 12
 
 # ---- references ------------------------------------------------------------------------------
 
+
 def reference_end_to_end_latency(ttft_s, tpot_s, n_tokens):
     # The first token arrives at TTFT; each of the other n - 1 tokens adds one decode step.
     return ttft_s + (n_tokens - 1) * tpot_s
@@ -43,6 +44,7 @@ def reference_predict_ttft(prompt_lengths, ttfts_s, prompt_tokens):
 
 # ---- random cases ----------------------------------------------------------------------------
 
+
 def token_stream(rng, n_tokens):
     """Arrival times of n tokens: a TTFT, then decode gaps with jitter and now and then a pause."""
     ttft = rng.uniform(0.02, 3.0)
@@ -72,30 +74,48 @@ def measured_ttfts(rng):
 
 # ---- checks ----------------------------------------------------------------------------------
 
-@register("ch01.latency", wrong_answers=[
-    lambda ttft_s, tpot_s, n_tokens: ttft_s + n_tokens * tpot_s,
-    lambda ttft_s, tpot_s, n_tokens: n_tokens * tpot_s,
-])
+
+@register(
+    "ch01.latency",
+    wrong_answers=[
+        lambda ttft_s, tpot_s, n_tokens: ttft_s + n_tokens * tpot_s,
+        lambda ttft_s, tpot_s, n_tokens: n_tokens * tpot_s,
+    ],
+)
 def check_end_to_end_latency(student, rng):
-    cases = [dict(ttft_s=rng.uniform(0.01, 5.0), tpot_s=rng.uniform(0.002, 0.3), n_tokens=rng.randint(1, 2000))
-             for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(
+            ttft_s=rng.uniform(0.01, 5.0),
+            tpot_s=rng.uniform(0.002, 0.3),
+            n_tokens=rng.randint(1, 2000),
+        )
+        for _ in range(CASES_PER_CHECK)
+    ]
     cases[0]["n_tokens"] = 1  # a one-token reply is just the TTFT
     return compare_function(student, reference_end_to_end_latency, cases)
 
 
-@register("ch01.tpot", wrong_answers=[
-    lambda token_times_s: token_times_s[-1] / len(token_times_s),
-    lambda token_times_s: (token_times_s[-1] - token_times_s[0]) / len(token_times_s),
-])
+@register(
+    "ch01.tpot",
+    wrong_answers=[
+        lambda token_times_s: token_times_s[-1] / len(token_times_s),
+        lambda token_times_s: (token_times_s[-1] - token_times_s[0]) / len(token_times_s),
+    ],
+)
 def check_time_per_output_token(student, rng):
-    cases = [dict(token_times_s=token_stream(rng, rng.randint(2, 300))) for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(token_times_s=token_stream(rng, rng.randint(2, 300))) for _ in range(CASES_PER_CHECK)
+    ]
     return compare_function(student, reference_time_per_output_token, cases)
 
 
-@register("ch01.decode_rate", wrong_answers=[
-    lambda step_times_s: len(step_times_s) / sum(step_times_s),
-    lambda step_times_s: sorted(step_times_s)[len(step_times_s) // 2],
-])
+@register(
+    "ch01.decode_rate",
+    wrong_answers=[
+        lambda step_times_s: len(step_times_s) / sum(step_times_s),
+        lambda step_times_s: sorted(step_times_s)[len(step_times_s) // 2],
+    ],
+)
 def check_decode_tokens_per_s(student, rng):
     cases = [dict(step_times_s=step_times_with_outliers(rng)) for _ in range(CASES_PER_CHECK)]
     return compare_function(student, reference_decode_tokens_per_s, cases)
@@ -115,5 +135,7 @@ def check_predict_ttft(student, rng):
     cases = []
     for _ in range(CASES_PER_CHECK):
         lengths, ttfts = measured_ttfts(rng)
-        cases.append(dict(prompt_lengths=lengths, ttfts_s=ttfts, prompt_tokens=rng.randint(1, 8192)))
+        cases.append(
+            dict(prompt_lengths=lengths, ttfts_s=ttfts, prompt_tokens=rng.randint(1, 8192))
+        )
     return compare_function(student, reference_predict_ttft, cases, atol=1e-9)

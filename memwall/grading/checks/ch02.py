@@ -16,8 +16,11 @@ MAX_SEARCHED_ROWS = 100_000
 
 # ---- references ------------------------------------------------------------------------------
 
+
 def reference_matmul_intensity(m, k, n, bytes_per_element):
-    flops = 2 * m * k * n  # a multiply and an add for each of the k terms of each of the m x n outputs
+    flops = (
+        2 * m * k * n
+    )  # a multiply and an add for each of the k terms of each of the m x n outputs
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element  # read both inputs, write the output
     return flops / bytes_moved
 
@@ -50,6 +53,7 @@ def reference_rows_to_reach_ridge(k, n, bytes_per_element, peak_flops, bandwidth
 
 # ---- random cases ----------------------------------------------------------------------------
 
+
 def random_chip(rng):
     """A chip from a laptop CPU (ridge ~2) to an H100 (ridge ~300): (peak FLOP/s, bytes/s)."""
     bandwidth = rng.uniform(10e9, 5e12)
@@ -57,27 +61,40 @@ def random_chip(rng):
 
 
 def random_matmul(rng):
-    return dict(m=rng.randint(1, 8192), k=rng.randint(64, 16384), n=rng.randint(64, 16384),
-                bytes_per_element=rng.choice(BYTES_PER_ELEMENT))
+    return dict(
+        m=rng.randint(1, 8192),
+        k=rng.randint(64, 16384),
+        n=rng.randint(64, 16384),
+        bytes_per_element=rng.choice(BYTES_PER_ELEMENT),
+    )
 
 
 # ---- checks ----------------------------------------------------------------------------------
 
-@register("ch02.intensity", wrong_answers=[
-    lambda m, k, n, bytes_per_element: 2 * m * k * n / ((m * k + k * n) * bytes_per_element),
-    lambda m, k, n, bytes_per_element: m * k * n / ((m * k + k * n + m * n) * bytes_per_element),
-    lambda m, k, n, bytes_per_element: 2 * m / bytes_per_element,
-])
+
+@register(
+    "ch02.intensity",
+    wrong_answers=[
+        lambda m, k, n, bytes_per_element: 2 * m * k * n / ((m * k + k * n) * bytes_per_element),
+        lambda m, k, n, bytes_per_element: (
+            m * k * n / ((m * k + k * n + m * n) * bytes_per_element)
+        ),
+        lambda m, k, n, bytes_per_element: 2 * m / bytes_per_element,
+    ],
+)
 def check_matmul_intensity(student, rng):
     cases = [random_matmul(rng) for _ in range(CASES_PER_CHECK)]
     cases[0]["m"] = 1  # a decode step
     return compare_function(student, reference_matmul_intensity, cases)
 
 
-@register("ch02.attainable", wrong_answers=[
-    lambda intensity, peak_flops, bandwidth: intensity * bandwidth,
-    lambda intensity, peak_flops, bandwidth: max(peak_flops, intensity * bandwidth),
-])
+@register(
+    "ch02.attainable",
+    wrong_answers=[
+        lambda intensity, peak_flops, bandwidth: intensity * bandwidth,
+        lambda intensity, peak_flops, bandwidth: max(peak_flops, intensity * bandwidth),
+    ],
+)
 def check_attainable_flops(student, rng):
     cases = []
     for index in range(CASES_PER_CHECK):
@@ -89,10 +106,13 @@ def check_attainable_flops(student, rng):
     return compare_function(student, reference_attainable_flops, cases)
 
 
-@register("ch02.ridge", wrong_answers=[
-    lambda peak_flops, bandwidth: bandwidth / peak_flops,
-    lambda peak_flops, bandwidth: peak_flops * bandwidth,
-])
+@register(
+    "ch02.ridge",
+    wrong_answers=[
+        lambda peak_flops, bandwidth: bandwidth / peak_flops,
+        lambda peak_flops, bandwidth: peak_flops * bandwidth,
+    ],
+)
 def check_ridge_point(student, rng):
     cases = []
     for _ in range(CASES_PER_CHECK):
@@ -116,8 +136,13 @@ def check_rows_to_reach_ridge(student, rng):
     while len(cases) < CASES_PER_CHECK:
         peak, bandwidth = random_chip(rng)
         side = rng.choice([512, 1024, 2048, 4096, 8192, 16384])
-        case = dict(k=side, n=rng.choice([side, 4 * side // 3 // 64 * 64, side // 2]),
-                    bytes_per_element=rng.choice(BYTES_PER_ELEMENT), peak_flops=peak, bandwidth=bandwidth)
+        case = dict(
+            k=side,
+            n=rng.choice([side, 4 * side // 3 // 64 * 64, side // 2]),
+            bytes_per_element=rng.choice(BYTES_PER_ELEMENT),
+            peak_flops=peak,
+            bandwidth=bandwidth,
+        )
         # Keep answers a row-by-row search finds quickly (just below the limit m grows without bound).
         if reference_rows_to_reach_ridge(**case) <= MAX_SEARCHED_ROWS:
             cases.append(case)

@@ -15,23 +15,38 @@ CASES_PER_CHECK = 12
 
 # ---- 1. KV bytes per token ----------------------------------------------------------------------------
 
+
 def reference_kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_element):
     # a key and a value vector per KV head, in every layer
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element
 
 
-@register("ch05.kv_bytes_per_token", wrong_answers=[
-    lambda n_layers, n_kv_heads, head_dim, bytes_per_element: n_layers * n_kv_heads * head_dim * bytes_per_element,
-    lambda n_layers, n_kv_heads, head_dim, bytes_per_element: 2 * n_layers * n_kv_heads * head_dim,
-])
+@register(
+    "ch05.kv_bytes_per_token",
+    wrong_answers=[
+        lambda n_layers, n_kv_heads, head_dim, bytes_per_element: (
+            n_layers * n_kv_heads * head_dim * bytes_per_element
+        ),
+        lambda n_layers, n_kv_heads, head_dim, bytes_per_element: (
+            2 * n_layers * n_kv_heads * head_dim
+        ),
+    ],
+)
 def check_kv_bytes_per_token(student, rng):
-    cases = [dict(n_layers=rng.randint(1, 128), n_kv_heads=rng.choice([1, 2, 4, 5, 8, 16, 32, 64]),
-                  head_dim=rng.choice([64, 80, 96, 128, 256]), bytes_per_element=rng.choice([0.5, 1, 2, 4]))
-             for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(
+            n_layers=rng.randint(1, 128),
+            n_kv_heads=rng.choice([1, 2, 4, 5, 8, 16, 32, 64]),
+            head_dim=rng.choice([64, 80, 96, 128, 256]),
+            bytes_per_element=rng.choice([0.5, 1, 2, 4]),
+        )
+        for _ in range(CASES_PER_CHECK)
+    ]
     return compare_function(student, reference_kv_bytes_per_token, cases, rtol=1e-9)
 
 
 # ---- 2. max users --------------------------------------------------------------------------------------
+
 
 def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context):
     free = memory_bytes - weight_bytes
@@ -40,24 +55,39 @@ def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context)
     return math.floor(free / (context * kv_bytes_per_token))
 
 
-@register("ch05.max_users", wrong_answers=[
-    lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: (memory_bytes - weight_bytes) / (context * kv_bytes_per_token),
-    lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor(memory_bytes / (context * kv_bytes_per_token)),
-    lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor((memory_bytes - weight_bytes) / (context * kv_bytes_per_token)),
-])
+@register(
+    "ch05.max_users",
+    wrong_answers=[
+        lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: (
+            (memory_bytes - weight_bytes) / (context * kv_bytes_per_token)
+        ),
+        lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor(
+            memory_bytes / (context * kv_bytes_per_token)
+        ),
+        lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor(
+            (memory_bytes - weight_bytes) / (context * kv_bytes_per_token)
+        ),
+    ],
+)
 def check_max_users(student, rng):
     cases = []
     for number in range(CASES_PER_CHECK):
         memory = rng.choice([16e9, 24e9, 40e9, 80e9, 141e9])
         # a third of the cases have weights that do not fit
         weights = memory * (rng.uniform(1.01, 3) if number % 3 == 0 else rng.uniform(0.05, 0.95))
-        cases.append(dict(memory_bytes=memory, weight_bytes=weights,
-                          kv_bytes_per_token=rng.choice([4096, 32768, 46080, 131072, 327680, 524288]),
-                          context=rng.choice([512, 2048, 4096, 8192, 32768, 131072])))
+        cases.append(
+            dict(
+                memory_bytes=memory,
+                weight_bytes=weights,
+                kv_bytes_per_token=rng.choice([4096, 32768, 46080, 131072, 327680, 524288]),
+                context=rng.choice([512, 2048, 4096, 8192, 32768, 131072]),
+            )
+        )
     return compare_function(student, reference_max_users, cases)
 
 
 # ---- 3. mean-pooling KV heads ------------------------------------------------------------------------
+
 
 def reference_mean_pool_heads(kv, n_groups):
     """kv [batch, kv_heads, tokens, head_dim] -> [batch, n_groups, tokens, head_dim]: group g is the
@@ -77,7 +107,9 @@ def attention_after_pooling(pool, q, k, v, n_groups):
     """The attention output once `pool` has turned k and v into n_groups KV heads."""
     import torch
 
-    pooled_k, pooled_v = (torch.as_tensor(pool(t.clone(), n_groups), dtype=torch.float64) for t in (k, v))
+    pooled_k, pooled_v = (
+        torch.as_tensor(pool(t.clone(), n_groups), dtype=torch.float64) for t in (k, v)
+    )
     expected_shape = (k.shape[0], n_groups, k.shape[2], k.shape[3])
     if tuple(pooled_k.shape) != expected_shape:
         raise ValueError(f"expected pooled shape {expected_shape}, got {tuple(pooled_k.shape)}")
@@ -95,7 +127,7 @@ def _strided_groups(kv, n_groups):  # groups heads g, g + n_groups, ... instead 
 
 
 def _first_of_group(kv, n_groups):
-    return kv[:, ::kv.shape[1] // n_groups]
+    return kv[:, :: kv.shape[1] // n_groups]
 
 
 def draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed):
@@ -103,8 +135,10 @@ def draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed):
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(batch, heads, tokens, head_dim, generator=generator, dtype=torch.float64)
-                 for heads in (n_heads, kv_heads, kv_heads))
+    return tuple(
+        torch.randn(batch, heads, tokens, head_dim, generator=generator, dtype=torch.float64)
+        for heads in (n_heads, kv_heads, kv_heads)
+    )
 
 
 @register("ch05.mean_pool_heads", wrong_answers=[_sum_heads, _strided_groups, _first_of_group])
@@ -114,19 +148,31 @@ def check_mean_pool_heads(student, rng):
         # every other case keeps several groups, so that which heads are grouped together matters
         kv_heads = rng.choice([4, 6, 8] if number % 2 == 0 else [2, 4, 6, 8])
         groups = [g for g in range(2 if number % 2 == 0 else 1, kv_heads) if kv_heads % g == 0]
-        cases.append(dict(batch=rng.randint(1, 2), n_heads=kv_heads * rng.choice([1, 2]), kv_heads=kv_heads,
-                          tokens=rng.randint(1, 7), head_dim=rng.choice([4, 8]), n_groups=rng.choice(groups),
-                          seed=rng.randrange(2**31)))
+        cases.append(
+            dict(
+                batch=rng.randint(1, 2),
+                n_heads=kv_heads * rng.choice([1, 2]),
+                kv_heads=kv_heads,
+                tokens=rng.randint(1, 7),
+                head_dim=rng.choice([4, 8]),
+                n_groups=rng.choice(groups),
+                seed=rng.randrange(2**31),
+            )
+        )
 
     def attention_with_your_pooling(batch, n_heads, kv_heads, tokens, head_dim, n_groups, seed):
         q, k, v = draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed)
         return attention_after_pooling(student, q, k, v, n_groups)
 
-    def attention_with_reference_pooling(batch, n_heads, kv_heads, tokens, head_dim, n_groups, seed):
+    def attention_with_reference_pooling(
+        batch, n_heads, kv_heads, tokens, head_dim, n_groups, seed
+    ):
         q, k, v = draw_attention_inputs(batch, n_heads, kv_heads, tokens, head_dim, seed)
         return attention_after_pooling(reference_mean_pool_heads, q, k, v, n_groups)
 
-    return compare_function(attention_with_your_pooling, attention_with_reference_pooling, cases, rtol=1e-6, atol=1e-9)
+    return compare_function(
+        attention_with_your_pooling, attention_with_reference_pooling, cases, rtol=1e-6, atol=1e-9
+    )
 
 
 def pooling_error(pool, n_groups, similarity=0.5, n_kv_heads=8, tokens=64, head_dim=32, seed=0):

@@ -17,13 +17,18 @@ CASES_PER_CHECK = 12
 
 # ---- 1. the batch at which decode becomes compute-bound -------------------------------------------
 
+
 def decode_intensity(batch, context, n_params, bytes_per_param, kv_bytes_per_token):
     """FLOPs per byte of a decode step: 2 FLOPs per parameter per sequence, over the weights (read
     once) plus every sequence's KV cache."""
-    return 2 * batch * n_params / (n_params * bytes_per_param + batch * context * kv_bytes_per_token)
+    return (
+        2 * batch * n_params / (n_params * bytes_per_param + batch * context * kv_bytes_per_token)
+    )
 
 
-def reference_compute_bound_batch(ridge_point, context, n_params, bytes_per_param, kv_bytes_per_token):
+def reference_compute_bound_batch(
+    ridge_point, context, n_params, bytes_per_param, kv_bytes_per_token
+):
     # 2 B N >= r (N b + B c kv)  <=>  B (2 N - r c kv) >= r N b. As B grows the intensity rises
     # towards 2 N / (c kv); if that limit is below the ridge no batch is large enough.
     headroom = 2 * n_params - ridge_point * context * kv_bytes_per_token
@@ -31,9 +36,16 @@ def reference_compute_bound_batch(ridge_point, context, n_params, bytes_per_para
         return math.inf
     batch = max(1, math.ceil(ridge_point * n_params * bytes_per_param / headroom))
     # guard the ceil against rounding: the answer is the first integer that really reaches the ridge
-    while batch > 1 and decode_intensity(batch - 1, context, n_params, bytes_per_param, kv_bytes_per_token) >= ridge_point:
+    while (
+        batch > 1
+        and decode_intensity(batch - 1, context, n_params, bytes_per_param, kv_bytes_per_token)
+        >= ridge_point
+    ):
         batch -= 1
-    while decode_intensity(batch, context, n_params, bytes_per_param, kv_bytes_per_token) < ridge_point:
+    while (
+        decode_intensity(batch, context, n_params, bytes_per_param, kv_bytes_per_token)
+        < ridge_point
+    ):
         batch += 1
     return batch
 
@@ -43,7 +55,9 @@ def _weights_only_batch(ridge_point, context, n_params, bytes_per_param, kv_byte
 
 
 def _no_factor_two(ridge_point, context, n_params, bytes_per_param, kv_bytes_per_token):
-    return reference_compute_bound_batch(ridge_point / 2, context, n_params, bytes_per_param, kv_bytes_per_token)
+    return reference_compute_bound_batch(
+        ridge_point / 2, context, n_params, bytes_per_param, kv_bytes_per_token
+    )
 
 
 @register("ch06.compute_bound_batch", wrong_answers=[_weights_only_batch, _no_factor_two])
@@ -56,45 +70,90 @@ def check_compute_bound_batch(student, rng):
         ridge = rng.choice([2.5, 5.0, 153.0, 295.2, 591.0])
         # a quarter of the cases at a context long enough that no batch gets there
         limit = 2 * n_params / (ridge * kv)
-        context = int(limit * rng.uniform(1.05, 3)) if number % 4 == 0 else max(1, int(limit * rng.uniform(0.01, 0.9)))
-        cases.append(dict(ridge_point=ridge, context=context, n_params=n_params,
-                          bytes_per_param=bytes_per_param, kv_bytes_per_token=kv))
+        context = (
+            int(limit * rng.uniform(1.05, 3))
+            if number % 4 == 0
+            else max(1, int(limit * rng.uniform(0.01, 0.9)))
+        )
+        cases.append(
+            dict(
+                ridge_point=ridge,
+                context=context,
+                n_params=n_params,
+                bytes_per_param=bytes_per_param,
+                kv_bytes_per_token=kv,
+            )
+        )
     return compare_function(student, reference_compute_bound_batch, cases)
 
 
 # ---- 2. throughput predicted from the ledger ------------------------------------------------------
 
-def reference_predicted_throughput(batch, context, weight_bytes, kv_bytes_per_token, flops_per_token,
-                                   bandwidth, peak_flops):
+
+def reference_predicted_throughput(
+    batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops
+):
     # one step: the weights once, each sequence's cache, and every sequence's FLOPs
     memory_s = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
     compute_s = batch * flops_per_token / peak_flops
     return batch / max(memory_s, compute_s)
 
 
-@register("ch06.predicted_throughput", wrong_answers=[
-    lambda batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops:
-        batch * bandwidth / (weight_bytes + batch * context * kv_bytes_per_token),  # ignores compute
-    lambda batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops:
-        batch / max(batch * (weight_bytes + context * kv_bytes_per_token) / bandwidth,
-                    batch * flops_per_token / peak_flops),  # weights read once per sequence
-])
+@register(
+    "ch06.predicted_throughput",
+    wrong_answers=[
+        lambda batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops: (
+            batch * bandwidth / (weight_bytes + batch * context * kv_bytes_per_token)
+        ),  # ignores compute
+        lambda batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops: (
+            batch
+            / max(
+                batch * (weight_bytes + context * kv_bytes_per_token) / bandwidth,
+                batch * flops_per_token / peak_flops,
+            )
+        ),  # weights read once per sequence
+    ],
+)
 def check_predicted_throughput(student, rng):
     # Two fixed cases first: a compute-bound batch on a CPU-like chip and a memory-bound batch of 8.
-    cases = [dict(batch=256, context=64, weight_bytes=538e6, kv_bytes_per_token=46080, flops_per_token=270e6,
-                  bandwidth=20e9, peak_flops=60e9),
-             dict(batch=8, context=1024, weight_bytes=16e9, kv_bytes_per_token=131072, flops_per_token=16e9,
-                  bandwidth=3.35e12, peak_flops=989e12)]
+    cases = [
+        dict(
+            batch=256,
+            context=64,
+            weight_bytes=538e6,
+            kv_bytes_per_token=46080,
+            flops_per_token=270e6,
+            bandwidth=20e9,
+            peak_flops=60e9,
+        ),
+        dict(
+            batch=8,
+            context=1024,
+            weight_bytes=16e9,
+            kv_bytes_per_token=131072,
+            flops_per_token=16e9,
+            bandwidth=3.35e12,
+            peak_flops=989e12,
+        ),
+    ]
     for _ in range(CASES_PER_CHECK):
         n_params = rng.choice([135e6, 1.24e9, 8.03e9])
-        cases.append(dict(batch=rng.choice([1, 2, 8, 32, 128, 512, 2048]), context=rng.choice([1, 128, 2048, 32768]),
-                          weight_bytes=n_params * rng.choice([0.5, 2, 4]),
-                          kv_bytes_per_token=rng.choice([46080, 131072, 32768]), flops_per_token=2 * n_params,
-                          bandwidth=rng.choice([20e9, 100e9, 3.35e12]), peak_flops=rng.choice([60e9, 989e12, 312e12])))
+        cases.append(
+            dict(
+                batch=rng.choice([1, 2, 8, 32, 128, 512, 2048]),
+                context=rng.choice([1, 128, 2048, 32768]),
+                weight_bytes=n_params * rng.choice([0.5, 2, 4]),
+                kv_bytes_per_token=rng.choice([46080, 131072, 32768]),
+                flops_per_token=2 * n_params,
+                bandwidth=rng.choice([20e9, 100e9, 3.35e12]),
+                peak_flops=rng.choice([60e9, 989e12, 312e12]),
+            )
+        )
     return compare_function(student, reference_predicted_throughput, cases)
 
 
 # ---- 3. a block-table allocator -------------------------------------------------------------------
+
 
 def reference_block_tables(events, n_blocks, block_size):
     """events: ("append", seq, tokens) grows seq by `tokens` tokens; ("free", seq) ends it.
@@ -188,12 +247,18 @@ def check_block_tables(student, rng):
     cases = []
     for _ in range(CASES_PER_CHECK):
         block_size, n_blocks = rng.choice([1, 2, 4, 16]), rng.randint(12, 40)
-        cases.append(dict(events=random_events(rng, rng.randint(20, 80), n_blocks, block_size),
-                          n_blocks=n_blocks, block_size=block_size))
+        cases.append(
+            dict(
+                events=random_events(rng, rng.randint(20, 80), n_blocks, block_size),
+                n_blocks=n_blocks,
+                block_size=block_size,
+            )
+        )
     return compare_function(student, reference_block_tables, cases)
 
 
 # ---- 4. fragmentation of a paged cache --------------------------------------------------------------
+
 
 def reference_paged_waste(lengths, block_size):
     # each sequence rounds up to whole blocks; only the tail of its last block is empty
@@ -201,13 +266,24 @@ def reference_paged_waste(lengths, block_size):
     return (allocated - sum(lengths)) / allocated
 
 
-@register("ch06.paged_waste", wrong_answers=[
-    lambda lengths, block_size: sum(math.ceil(n / block_size) * block_size - n for n in lengths),
-    lambda lengths, block_size: (math.ceil(sum(lengths) / block_size) * block_size - sum(lengths))
-        / (math.ceil(sum(lengths) / block_size) * block_size),  # one shared tail instead of one per sequence
-])
+@register(
+    "ch06.paged_waste",
+    wrong_answers=[
+        lambda lengths, block_size: sum(
+            math.ceil(n / block_size) * block_size - n for n in lengths
+        ),
+        lambda lengths, block_size: (
+            (math.ceil(sum(lengths) / block_size) * block_size - sum(lengths))
+            / (math.ceil(sum(lengths) / block_size) * block_size)
+        ),  # one shared tail instead of one per sequence
+    ],
+)
 def check_paged_waste(student, rng):
-    cases = [dict(lengths=[rng.randint(1, 3000) for _ in range(rng.randint(1, 64))],
-                  block_size=rng.choice([1, 4, 8, 16, 32, 128, 512]))
-             for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(
+            lengths=[rng.randint(1, 3000) for _ in range(rng.randint(1, 64))],
+            block_size=rng.choice([1, 4, 8, 16, 32, 128, 512]),
+        )
+        for _ in range(CASES_PER_CHECK)
+    ]
     return compare_function(student, reference_paged_waste, cases)

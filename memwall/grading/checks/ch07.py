@@ -15,27 +15,40 @@ CASES_PER_CHECK = 12
 
 # ---- 1. bits per weight --------------------------------------------------------------------------
 
+
 def reference_bits_per_weight(code_bits, group_size, metadata_bits):
     # every weight stores its code; each group's metadata is shared by its group_size weights
     return code_bits + metadata_bits / group_size
 
 
-@register("ch07.bits_per_weight", wrong_answers=[
-    lambda code_bits, group_size, metadata_bits: code_bits + metadata_bits * group_size,
-    lambda code_bits, group_size, metadata_bits: (code_bits + metadata_bits / group_size) / 8,
-    lambda code_bits, group_size, metadata_bits: code_bits,
-])
+@register(
+    "ch07.bits_per_weight",
+    wrong_answers=[
+        lambda code_bits, group_size, metadata_bits: code_bits + metadata_bits * group_size,
+        lambda code_bits, group_size, metadata_bits: (code_bits + metadata_bits / group_size) / 8,
+        lambda code_bits, group_size, metadata_bits: code_bits,
+    ],
+)
 def check_bits_per_weight(student, rng):
-    cases = [dict(code_bits=rng.choice([2, 3, 4, 5, 6, 8]), group_size=rng.choice([16, 32, 64, 128, 256, 576]),
-                  metadata_bits=rng.choice([16, 32, 48])) for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(
+            code_bits=rng.choice([2, 3, 4, 5, 6, 8]),
+            group_size=rng.choice([16, 32, 64, 128, 256, 576]),
+            metadata_bits=rng.choice([16, 32, 48]),
+        )
+        for _ in range(CASES_PER_CHECK)
+    ]
     return compare_function(student, reference_bits_per_weight, cases, rtol=1e-9)
 
 
 # ---- 2. symmetric quantization --------------------------------------------------------------------
 
+
 def reference_symmetric_quantize(w, bits):
     w = np.asarray(w, dtype=np.float32)
-    levels = 2 ** (bits - 1) - 1  # int8: -127..127, int4: -7..7 (symmetric, zero exactly representable)
+    levels = (
+        2 ** (bits - 1) - 1
+    )  # int8: -127..127, int4: -7..7 (symmetric, zero exactly representable)
     scale = np.abs(w).max(axis=1, keepdims=True) / levels
     scale = np.where(scale == 0, 1, scale)  # an all-zero row stays zero
     return np.clip(np.round(w / scale), -levels, levels) * scale
@@ -53,15 +66,22 @@ def _too_many_levels(w, bits):
     return np.round(np.asarray(w) / scale) * scale
 
 
-@register("ch07.symmetric_quantize", wrong_answers=[
-    _per_tensor_scale, _too_many_levels, lambda w, bits: np.asarray(w, dtype=np.float32),
-])
+@register(
+    "ch07.symmetric_quantize",
+    wrong_answers=[
+        _per_tensor_scale,
+        _too_many_levels,
+        lambda w, bits: np.asarray(w, dtype=np.float32),
+    ],
+)
 def check_symmetric_quantize(student, rng):
     nprng = numpy_rng(rng)
     cases = []
     for _ in range(CASES_PER_CHECK):
         w = nprng.normal(0, 1, (rng.randint(2, 8), rng.randint(4, 40))).astype(np.float32)
-        w *= nprng.uniform(0.1, 10, (w.shape[0], 1)).astype(np.float32)  # rows with different ranges
+        w *= nprng.uniform(0.1, 10, (w.shape[0], 1)).astype(
+            np.float32
+        )  # rows with different ranges
         cases.append(dict(w=w, bits=rng.choice([2, 3, 4, 6, 8])))
     return compare_function(student, reference_symmetric_quantize, cases, rtol=1e-5, atol=1e-6)
 
@@ -78,20 +98,28 @@ def relative_rms_error(quantize, bits, outlier=0.0, seed=0):
 
 # ---- 3. packing two int4 codes into a byte --------------------------------------------------------------
 
+
 def reference_pack_int4(codes):
     codes = np.asarray(codes, dtype=np.uint8)
     return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
 
 
-@register("ch07.pack_int4", wrong_answers=[
-    lambda codes: (np.asarray(codes, dtype=np.uint8)[1::2] | (np.asarray(codes, dtype=np.uint8)[0::2] << 4)),
-    lambda codes: np.asarray(codes, dtype=np.uint8)[0::2],
-    lambda codes: (np.asarray(codes)[0::2] + np.asarray(codes)[1::2]).astype(np.uint8),
-])
+@register(
+    "ch07.pack_int4",
+    wrong_answers=[
+        lambda codes: (
+            np.asarray(codes, dtype=np.uint8)[1::2] | (np.asarray(codes, dtype=np.uint8)[0::2] << 4)
+        ),
+        lambda codes: np.asarray(codes, dtype=np.uint8)[0::2],
+        lambda codes: (np.asarray(codes)[0::2] + np.asarray(codes)[1::2]).astype(np.uint8),
+    ],
+)
 def check_pack_int4(student, rng):
     nprng = numpy_rng(rng)
-    cases = [dict(codes=nprng.integers(0, 16, 2 * rng.randint(1, 32)).astype(np.uint8))
-             for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(codes=nprng.integers(0, 16, 2 * rng.randint(1, 32)).astype(np.uint8))
+        for _ in range(CASES_PER_CHECK)
+    ]
     cases[0] = dict(codes=np.array([0x3, 0xA], dtype=np.uint8))  # the byte 0xA3
     return compare_function(student, reference_pack_int4, cases, rtol=0)
 
@@ -102,6 +130,7 @@ def packed_byte(pack, low, high):
 
 
 # ---- 4. a Q4_1 block decoder ------------------------------------------------------------------------
+
 
 def reference_decode_q4_1_block(block):
     block = np.asarray(block, dtype=np.uint8)
@@ -120,20 +149,38 @@ def make_q4_1_block(d, m, codes):
 
 def _interleaved_nibbles(block):
     block = np.asarray(block, dtype=np.uint8)
-    d, m = (np.float32(block[i:i + 2].view(np.float16)[0]) for i in (0, 2))
+    d, m = (np.float32(block[i : i + 2].view(np.float16)[0]) for i in (0, 2))
     codes = np.stack([block[4:20] & 0x0F, block[4:20] >> 4], axis=1).reshape(-1).astype(np.float32)
     return d * codes + m
 
 
-@register("ch07.decode_q4_1_block", wrong_answers=[
-    _interleaved_nibbles,
-    lambda block: reference_decode_q4_1_block(block) - np.float32(np.asarray(block, np.uint8)[2:4].view(np.float16)[0]),
-    lambda block: reference_decode_q4_1_block(np.concatenate([np.asarray(block, np.uint8)[2:4],
-                                                              np.asarray(block, np.uint8)[0:2],
-                                                              np.asarray(block, np.uint8)[4:]])),
-])
+@register(
+    "ch07.decode_q4_1_block",
+    wrong_answers=[
+        _interleaved_nibbles,
+        lambda block: (
+            reference_decode_q4_1_block(block)
+            - np.float32(np.asarray(block, np.uint8)[2:4].view(np.float16)[0])
+        ),
+        lambda block: reference_decode_q4_1_block(
+            np.concatenate(
+                [
+                    np.asarray(block, np.uint8)[2:4],
+                    np.asarray(block, np.uint8)[0:2],
+                    np.asarray(block, np.uint8)[4:],
+                ]
+            )
+        ),
+    ],
+)
 def check_decode_q4_1_block(student, rng):
     nprng = numpy_rng(rng)
-    cases = [dict(block=make_q4_1_block(nprng.uniform(1e-3, 0.1), nprng.uniform(-1, 0), nprng.integers(0, 16, 32)))
-             for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(
+            block=make_q4_1_block(
+                nprng.uniform(1e-3, 0.1), nprng.uniform(-1, 0), nprng.integers(0, 16, 32)
+            )
+        )
+        for _ in range(CASES_PER_CHECK)
+    ]
     return compare_function(student, reference_decode_q4_1_block, cases, rtol=1e-6)

@@ -17,6 +17,7 @@ MAX_K = 16
 
 # ---- 1. expected tokens per target pass ------------------------------------------------------
 
+
 def reference_tokens_per_pass(alpha, k):
     # 1 + P(first guess kept) + P(first two kept) + ... = sum of alpha^i for i = 0..k
     if alpha >= 1:
@@ -24,18 +25,28 @@ def reference_tokens_per_pass(alpha, k):
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-@register("ch08.tokens_per_pass", wrong_answers=[
-    lambda alpha, k: (1 - alpha ** k) / (1 - alpha) if alpha < 1 else float(k),  # no bonus token
-    lambda alpha, k: 1 + alpha * k,  # as if every guess were tested whatever happened before it
-])
+@register(
+    "ch08.tokens_per_pass",
+    wrong_answers=[
+        lambda alpha, k: (1 - alpha**k) / (1 - alpha) if alpha < 1 else float(k),  # no bonus token
+        lambda alpha, k: 1 + alpha * k,  # as if every guess were tested whatever happened before it
+    ],
+)
 def check_tokens_per_pass(student, rng):
-    cases = [dict(alpha=rng.uniform(0, 0.99), k=rng.randint(1, MAX_K)) for _ in range(CASES_PER_CHECK - 3)]
-    cases += [dict(alpha=0.0, k=rng.randint(1, MAX_K)), dict(alpha=1.0, k=rng.randint(1, MAX_K)),
-              dict(alpha=0.5, k=1)]
+    cases = [
+        dict(alpha=rng.uniform(0, 0.99), k=rng.randint(1, MAX_K))
+        for _ in range(CASES_PER_CHECK - 3)
+    ]
+    cases += [
+        dict(alpha=0.0, k=rng.randint(1, MAX_K)),
+        dict(alpha=1.0, k=rng.randint(1, MAX_K)),
+        dict(alpha=0.5, k=1),
+    ]
     return compare_function(student, reference_tokens_per_pass, cases, rtol=1e-9)
 
 
 # ---- 2. one step of the acceptance rule --------------------------------------------------------
+
 
 def reference_accept_step(p, q, guess, u, v):
     if u < p[guess] / q[guess]:
@@ -47,7 +58,9 @@ def reference_accept_step(p, q, guess, u, v):
         cumulative += weight / total
         if v < cumulative:
             return token
-    return max(token for token, weight in enumerate(residual) if weight > 0)  # v just below 1, rounding
+    return max(
+        token for token, weight in enumerate(residual) if weight > 0
+    )  # v just below 1, rounding
 
 
 def _inverse_cdf(weights, v):
@@ -80,7 +93,10 @@ def check_accept_step(student, rng):
     cases = []
     while len(cases) < CASES_PER_CHECK:
         size = rng.randint(3, 8)
-        p, q = random_distribution(rng, size, zeros=rng.randint(0, 1)), random_distribution(rng, size)
+        p, q = (
+            random_distribution(rng, size, zeros=rng.randint(0, 1)),
+            random_distribution(rng, size),
+        )
         guess = rng.choices(range(size), weights=q)[0]
         u, v = rng.random(), rng.random()
         rejected = u >= p[guess] / q[guess]
@@ -92,6 +108,7 @@ def check_accept_step(student, rng):
 
 # ---- 3. speed-up from the cost model -----------------------------------------------------------
 
+
 def reference_speedup(alpha, k, draft_cost, verify_cost_per_token):
     # One round: k draft steps, then one verify pass over k + 1 tokens that costs a decode step
     # plus verify_cost_per_token for each guess. Time unit: one plain decode step (one token).
@@ -99,22 +116,38 @@ def reference_speedup(alpha, k, draft_cost, verify_cost_per_token):
     return reference_tokens_per_pass(alpha, k) / round_cost
 
 
-@register("ch08.speedup", wrong_answers=[
-    lambda alpha, k, draft_cost, verify_cost_per_token:
-        reference_tokens_per_pass(alpha, k) / (k * draft_cost + 1),  # verification taken as free
-    lambda alpha, k, draft_cost, verify_cost_per_token:
-        reference_tokens_per_pass(alpha, k) / (1 + k * verify_cost_per_token),  # the draft taken as free
-])
+@register(
+    "ch08.speedup",
+    wrong_answers=[
+        lambda alpha, k, draft_cost, verify_cost_per_token: (
+            reference_tokens_per_pass(alpha, k) / (k * draft_cost + 1)
+        ),  # verification taken as free
+        lambda alpha, k, draft_cost, verify_cost_per_token: (
+            reference_tokens_per_pass(alpha, k) / (1 + k * verify_cost_per_token)
+        ),  # the draft taken as free
+    ],
+)
 def check_speedup(student, rng):
-    cases = [dict(alpha=rng.uniform(0, 0.98), k=rng.randint(1, MAX_K), draft_cost=rng.uniform(0.01, 1),
-                  verify_cost_per_token=rng.uniform(0.01, 1)) for _ in range(CASES_PER_CHECK)]
+    cases = [
+        dict(
+            alpha=rng.uniform(0, 0.98),
+            k=rng.randint(1, MAX_K),
+            draft_cost=rng.uniform(0.01, 1),
+            verify_cost_per_token=rng.uniform(0.01, 1),
+        )
+        for _ in range(CASES_PER_CHECK)
+    ]
     return compare_function(student, reference_speedup, cases, rtol=1e-9)
 
 
 # ---- 4. the best k -----------------------------------------------------------------------------
 
+
 def reference_best_k(alpha, draft_cost, verify_cost_per_token, k_max=MAX_K):
-    speedups = {k: reference_speedup(alpha, k, draft_cost, verify_cost_per_token) for k in range(1, k_max + 1)}
+    speedups = {
+        k: reference_speedup(alpha, k, draft_cost, verify_cost_per_token)
+        for k in range(1, k_max + 1)
+    }
     best = max(speedups, key=lambda k: (speedups[k], -k))  # ties go to the smaller k
     return best if speedups[best] > 1 else 0
 
@@ -124,7 +157,10 @@ def _best_tokens_per_pass_only(alpha, draft_cost, verify_cost_per_token, k_max=M
 
 
 def _never_declines(alpha, draft_cost, verify_cost_per_token, k_max=MAX_K):
-    return max(range(1, k_max + 1), key=lambda k: reference_speedup(alpha, k, draft_cost, verify_cost_per_token))
+    return max(
+        range(1, k_max + 1),
+        key=lambda k: reference_speedup(alpha, k, draft_cost, verify_cost_per_token),
+    )
 
 
 @register("ch08.best_k", wrong_answers=[_best_tokens_per_pass_only, _never_declines])
@@ -132,10 +168,16 @@ def check_best_k(student, rng):
     cases = []
     for number in range(CASES_PER_CHECK):
         if number % 3 == 0:  # a poor draft on a CPU: speculating does not pay
-            case = dict(alpha=rng.uniform(0, 0.3), draft_cost=rng.uniform(0.3, 1),
-                        verify_cost_per_token=rng.uniform(0.2, 1))
+            case = dict(
+                alpha=rng.uniform(0, 0.3),
+                draft_cost=rng.uniform(0.3, 1),
+                verify_cost_per_token=rng.uniform(0.2, 1),
+            )
         else:
-            case = dict(alpha=rng.uniform(0.5, 0.97), draft_cost=rng.uniform(0, 0.2),
-                        verify_cost_per_token=rng.uniform(0, 0.1))
+            case = dict(
+                alpha=rng.uniform(0.5, 0.97),
+                draft_cost=rng.uniform(0, 0.2),
+                verify_cost_per_token=rng.uniform(0, 0.1),
+            )
         cases.append({**case, "k_max": rng.choice([8, 16])})
     return compare_function(student, reference_best_k, cases)

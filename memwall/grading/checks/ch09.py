@@ -26,20 +26,34 @@ def reference_moe_weight_bytes(batch, n_experts, active_experts, expert_bytes, s
     return shared_bytes + touched * expert_bytes
 
 
-@register("ch09.fraction_of_roofline", wrong_answers=[
-    lambda tok_per_s, bytes_per_step, bandwidth_gb_s, tokens_per_step=1: tok_per_s * bytes_per_step / (bandwidth_gb_s * 1e9),
-])
+@register(
+    "ch09.fraction_of_roofline",
+    wrong_answers=[
+        lambda tok_per_s, bytes_per_step, bandwidth_gb_s, tokens_per_step=1: (
+            tok_per_s * bytes_per_step / (bandwidth_gb_s * 1e9)
+        ),
+    ],
+)
 def check_fraction_of_roofline(student, rng):
-    cases = [dict(tok_per_s=rng.uniform(1, 500), bytes_per_step=rng.uniform(1e8, 2e10),
-                  bandwidth_gb_s=rng.uniform(20, 5000), tokens_per_step=rng.choice([1, 1, 2, 4, 16]))
-             for _ in range(CASES)]
+    cases = [
+        dict(
+            tok_per_s=rng.uniform(1, 500),
+            bytes_per_step=rng.uniform(1e8, 2e10),
+            bandwidth_gb_s=rng.uniform(20, 5000),
+            tokens_per_step=rng.choice([1, 1, 2, 4, 16]),
+        )
+        for _ in range(CASES)
+    ]
     return compare_function(student, reference_fraction_of_roofline, cases)
 
 
-@register("ch09.percentile", wrong_answers=[
-    lambda values, q: sorted(values)[int((len(values) - 1) * q / 100)],
-    lambda values, q: sum(values) / len(values),
-])
+@register(
+    "ch09.percentile",
+    wrong_answers=[
+        lambda values, q: sorted(values)[int((len(values) - 1) * q / 100)],
+        lambda values, q: sum(values) / len(values),
+    ],
+)
 def check_percentile(student, rng):
     cases = []
     for _ in range(CASES):
@@ -49,15 +63,28 @@ def check_percentile(student, rng):
     return compare_function(student, reference_percentile, cases)
 
 
-@register("ch09.moe_weight_bytes", wrong_answers=[
-    lambda batch, n_experts, active_experts, expert_bytes, shared_bytes: shared_bytes + active_experts * expert_bytes,
-    lambda batch, n_experts, active_experts, expert_bytes, shared_bytes:
-        shared_bytes + min(n_experts, batch * active_experts) * expert_bytes,
-])
+@register(
+    "ch09.moe_weight_bytes",
+    wrong_answers=[
+        lambda batch, n_experts, active_experts, expert_bytes, shared_bytes: (
+            shared_bytes + active_experts * expert_bytes
+        ),
+        lambda batch, n_experts, active_experts, expert_bytes, shared_bytes: (
+            shared_bytes + min(n_experts, batch * active_experts) * expert_bytes
+        ),
+    ],
+)
 def check_moe_weight_bytes(student, rng):
     cases = []
     for _ in range(CASES):
         n_experts = rng.choice([8, 16, 64, 128])
-        cases.append(dict(batch=rng.randint(2, 256), n_experts=n_experts, active_experts=rng.randint(1, min(8, n_experts - 1)),
-                          expert_bytes=rng.uniform(1e7, 5e9), shared_bytes=rng.uniform(1e8, 5e9)))
+        cases.append(
+            dict(
+                batch=rng.randint(2, 256),
+                n_experts=n_experts,
+                active_experts=rng.randint(1, min(8, n_experts - 1)),
+                expert_bytes=rng.uniform(1e7, 5e9),
+                shared_bytes=rng.uniform(1e8, 5e9),
+            )
+        )
     return compare_function(student, reference_moe_weight_bytes, cases)

@@ -29,7 +29,11 @@ def reference_decode_ceilings(bandwidth_gb_s, model_sizes_gb):
 @register("demo.matrix_bytes", wrong_answers=[lambda rows, cols, bytes_per_element: rows * cols])
 def check_matrix_bytes(student, rng):
     cases = [
-        dict(rows=rng.randint(1, 8192), cols=rng.randint(1, 8192), bytes_per_element=rng.choice([1, 2, 4]))
+        dict(
+            rows=rng.randint(1, 8192),
+            cols=rng.randint(1, 8192),
+            bytes_per_element=rng.choice([1, 2, 4]),
+        )
         for _ in range(CASES_PER_CHECK)
     ]
     return compare_function(student, reference_matrix_bytes, cases)
@@ -37,17 +41,29 @@ def check_matrix_bytes(student, rng):
 
 @register(
     "demo.matmul_intensity",
-    wrong_answers=[lambda m, n, k, bytes_per_element: m * n * k / ((m * k + k * n + m * n) * bytes_per_element)],
+    wrong_answers=[
+        lambda m, n, k, bytes_per_element: m * n * k / ((m * k + k * n + m * n) * bytes_per_element)
+    ],
 )
 def check_matmul_intensity(student, rng):
     cases = [
-        dict(m=rng.randint(1, 4096), n=rng.randint(1, 4096), k=rng.randint(1, 4096), bytes_per_element=rng.choice([1, 2, 4]))
+        dict(
+            m=rng.randint(1, 4096),
+            n=rng.randint(1, 4096),
+            k=rng.randint(1, 4096),
+            bytes_per_element=rng.choice([1, 2, 4]),
+        )
         for _ in range(CASES_PER_CHECK)
     ]
     return compare_function(student, reference_matmul_intensity, cases)
 
 
-@register("demo.decode_ceilings", wrong_answers=[lambda bandwidth_gb_s, model_sizes_gb: [s / bandwidth_gb_s for s in model_sizes_gb]])
+@register(
+    "demo.decode_ceilings",
+    wrong_answers=[
+        lambda bandwidth_gb_s, model_sizes_gb: [s / bandwidth_gb_s for s in model_sizes_gb]
+    ],
+)
 def check_decode_ceilings(student, rng):
     cases = [
         dict(
