@@ -17,7 +17,7 @@ JOBS   ?= 2
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install browser book test test-fast exercises grade bench clean
+.PHONY: install browser lint book test test-fast notebooks exercises grade bench clean
 
 install: $(STAMP)
 
@@ -50,26 +50,34 @@ browser:
 	fi
 
 # Executes every chapter (results cached in _build/.jupyter_cache, so an unchanged chapter is not
-# rerun) and writes _build/html. The cache only knows the notebooks, so it is dropped whenever
-# memwall's code changed since the last build. --all rereads every page, so a warning is never
+# rerun) and writes _build/html. The cache only knows the notebooks, so it is dropped whenever any
+# file under memwall/ (code, C kernels, widget JavaScript, data) changed since the last build. --all rereads every page, so a warning is never
 # hidden by an earlier build; the log is what tests/test_book.py reuses with MEMWALL_REUSE_BUILD=1.
 JUPYTER_CACHE_DB := _build/.jupyter_cache/global.db
 book: $(STAMP)
 	@mkdir -p _build
-	@if [ -f $(JUPYTER_CACHE_DB) ] && [ -n "$$(find memwall -name '*.py' -newer $(JUPYTER_CACHE_DB) | head -1)" ]; then \
+	@if [ -f $(JUPYTER_CACHE_DB) ] && [ -n "$$(find memwall -name __pycache__ -prune -o -type f -newer $(JUPYTER_CACHE_DB) -print | head -1)" ]; then \
 	    echo "memwall changed since the last build: rerunning every chapter"; rm -rf _build/.jupyter_cache; fi
 	$(BIN)/jupyter-book build . -W --keep-going --all 2>&1 | tee $(BOOK_LOG); \
 	    status=$${PIPESTATUS[0]}; echo "exit status $$status" >> $(BOOK_LOG); exit $$status
 
-test: $(STAMP) browser
+# ruff: the formatter and the linter (configured in pyproject.toml); fast, so `make test` runs it.
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# Regenerate the student copies in exercises/ from solutions/.
-exercises: $(STAMP)
-	$(BIN)/memwall exercises
+# Write the notebooks the launch buttons open from the MyST sources: chapters/*.ipynb from
+# chapters/*.md, exercises/*.ipynb from solutions/*.md. Commit them with their sources.
+notebooks: $(STAMP)
+	$(BIN)/memwall notebooks
+
+exercises: notebooks
 
 # make grade SUBMISSIONS=folder  ->  grades.csv and feedback/
 SUBMISSIONS ?= submissions

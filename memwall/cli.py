@@ -33,6 +33,7 @@ PLUGIN_COMMANDS = {
     "generate": "memwall.generate",
     "grade": "memwall.grading",
     "exercises": "memwall.grading",
+    "notebooks": "memwall.notebooks",
     "serve": "memwall.serving.cli",
 }
 

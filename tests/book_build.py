@@ -32,8 +32,9 @@ HTML_DIR = BUILD_DIR / "html"
 LOG_PATH = BUILD_DIR / "book-build.log"
 BUILD_TIMEOUT_S = 60 * 60  # nine chapters at <2 min each, plus Sphinx; far above a normal build
 # What a book build reads: a change to any of these makes an earlier build stale.
-SOURCE_GLOBS = ("_config.yml", "_toc.yml", "book/**/*", "chapters/*.ipynb", "exercises/*.ipynb",
-                "memwall/**/*.py", "requirements.txt")  # fmt: skip
+SOURCE_GLOBS = ("_config.yml", "_toc.yml", "book/**/*", "chapters/*.md", "exercises/*.ipynb",
+                "memwall/**/*.py", "memwall/**/*.c", "memwall/**/*.js", "memwall/data/*",
+                "requirements.txt")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,10 @@ def toc_files(toc_path: Path = REPO / "_toc.yml") -> list[str]:
 
 
 def source_path(entry: str, root: Path = REPO) -> Path | None:
-    """The file behind a toc entry (which has no extension), or None if there is none."""
-    for suffix in (".ipynb", ".md"):
+    """The file behind a toc entry (which has no extension), or None if there is none.
+
+    A chapter's MyST source wins over the .ipynb generated beside it, as in the book build."""
+    for suffix in (".md", ".ipynb"):
         if (root / f"{entry}{suffix}").is_file():
             return root / f"{entry}{suffix}"
     return None

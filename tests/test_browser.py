@@ -12,7 +12,9 @@ Needs Debian's `chromium` (the Makefile's `browser` step installs it as root); s
 
 import functools
 import http.server
+import re
 import threading
+import urllib.request
 from urllib.parse import urlparse
 
 import pytest
@@ -56,6 +58,19 @@ LAUNCH_LINKS = """
 Array.from(document.querySelectorAll('a[href]')).map(a => a.href)
   .filter(h => h.startsWith('https://mybinder.org/') || h.startsWith('https://colab.research.google.com/'))
 """
+# The download menu's links to the page's notebook, as absolute URLs of the local server.
+DOWNLOAD_LINKS = """
+Array.from(document.querySelectorAll('a[href]')).map(a => a.href)
+  .filter(h => h.includes('/_sources/') && h.endsWith('.ipynb'))
+"""
+LAUNCH_PATH = re.compile(r"(?:urlpath=lab/tree/|/blob/[^/]+/)(?P<path>[^?#]+\.ipynb)$")
+
+
+def repository_file_of(link: str) -> str:
+    """The repository path a Binder or Colab launch link opens."""
+    match = LAUNCH_PATH.search(link)
+    assert match, f"a launch link that opens no notebook: {link}"
+    return match["path"]
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -118,6 +133,7 @@ def test_page_in_browser(browser, site_url, page):
         report = tab.report()
         broken_images = tab.evaluate(BROKEN_IMAGES)
         launch_links = tab.evaluate(LAUNCH_LINKS)
+        download_links = tab.evaluate(DOWNLOAD_LINKS)
         title = tab.evaluate(
             "document.querySelector('h1') ? document.querySelector('h1').textContent : ''"
         )
@@ -137,7 +153,16 @@ def test_page_in_browser(browser, site_url, page):
         f"{page}: {state['math_errors']} formulas MathJax could not parse"
     )
     assert title.strip(), f"{page} has no title"
+    for link in launch_links:  # every launch button opens a notebook the repository has
+        path = repository_file_of(link)
+        assert (REPO / path).is_file(), (
+            f"{page}: {link} opens {path}, which is not in the repository"
+        )
+    for link in download_links:  # and the download menu offers one the site serves
+        with urllib.request.urlopen(link) as response:
+            assert response.status == 200, f"{page}: the download link {link} leads nowhere"
     if page in NOTEBOOK_PAGES:
+        assert download_links, f"{page} offers no notebook download"
         assert any(link.startswith("https://mybinder.org/v2/gh/") and link.endswith(f"{page}.ipynb")
                    for link in launch_links), f"no Binder button on {page}: {launch_links}"  # fmt: skip
         assert any(link.startswith("https://colab.research.google.com/github/") and link.endswith(f"{page}.ipynb")

@@ -7,6 +7,7 @@ chapter's solution (full marks) and its blank copy (every check fails) through t
 
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from memwall.grading import check, get_check, grade, make_student_copy, validate_solution
@@ -26,7 +27,7 @@ CHAPTER_SOLUTIONS = notebooks_in(REPO / "solutions")
 
 
 def exercise_path(solution_path: Path) -> Path:
-    return solution_path.parent.parent / "exercises" / solution_path.name
+    return solution_path.parent.parent / "exercises" / f"{solution_path.stem}.ipynb"
 
 
 def label(path: Path) -> str:
@@ -91,7 +92,8 @@ def test_solution_scores_full_marks_and_blank_copy_scores_nothing(solution_path,
     submissions = tmp_path / "submissions"
     submissions.mkdir()
     chapter = solution_path.stem
-    (submissions / f"solution__{chapter}.ipynb").write_bytes(solution_path.read_bytes())
+    solved = nbformat.writes(read_notebook(solution_path))  # the source may be MyST Markdown
+    (submissions / f"solution__{chapter}.ipynb").write_text(solved)
     (submissions / f"blank__{chapter}.ipynb").write_bytes(exercise_path(solution_path).read_bytes())
     rows = grade(
         submissions,

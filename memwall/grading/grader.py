@@ -22,6 +22,7 @@ from memwall.grading.checking import PASS_MARK
 from memwall.grading.execute import kill_running_notebooks, run_notebook
 from memwall.grading.restore import restore_submission
 from memwall.grading.submissions import Submission, find_submissions
+from memwall.grading.sync import notebooks_in, read_notebook
 from memwall.grading.tampering import tampering_flags
 
 # Generous defaults: a real chapter may load a model (about 20 s cold) before its checks run.
@@ -119,10 +120,9 @@ class SolutionBook:
 
     def get(self, chapter):
         if chapter not in self._cache:
-            path = self.folder / f"{chapter}.ipynb"
-            self._cache[chapter] = (
-                nbformat.read(str(path), as_version=4) if chapter and path.is_file() else None
-            )
+            paths = {path.stem: path for path in notebooks_in(self.folder)}
+            path = paths.get(chapter) if chapter else None
+            self._cache[chapter] = read_notebook(path) if path is not None else None
         return self._cache[chapter]
 
 

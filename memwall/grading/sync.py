@@ -11,6 +11,7 @@ import nbformat
 
 from memwall.grading.cells import METADATA_KEY
 from memwall.grading.student_copy import cell_source, make_student_copy
+from memwall.notebooks import read_source
 
 
 def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=False) -> list:
@@ -24,7 +25,7 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
     solution_paths = notebooks_in(solutions_dir)
     for solution_path in solution_paths:
         expected = make_student_copy(read_notebook(solution_path), solution_path.name)
-        target = exercises_dir / solution_path.name
+        target = exercises_dir / f"{solution_path.stem}.ipynb"
         if target.exists() and notebook_signature(read_notebook(target)) == notebook_signature(
             expected
         ):
@@ -34,10 +35,10 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
         )
         if not check:
             exercises_dir.mkdir(parents=True, exist_ok=True)
-            nbformat.write(expected, target)
-    solution_names = {path.name for path in solution_paths}
-    for stale in notebooks_in(exercises_dir):
-        if stale.name not in solution_names:
+            target.write_text(nbformat.writes(expected) + "\n")  # as `memwall notebooks` writes it
+    solution_names = {path.stem for path in solution_paths}
+    for stale in sorted(exercises_dir.glob("*.ipynb")):
+        if stale.stem not in solution_names:
             out_of_sync.append(f"{stale}: has no solution in {solutions_dir}")
             if not check and is_generated(read_notebook(stale)):
                 stale.unlink()
@@ -58,10 +59,20 @@ def is_generated(nb) -> bool:
 
 
 def notebooks_in(folder: Path) -> list:
+    """The solution notebooks of a folder: its MyST sources (*.md), or else its *.ipynb."""
+    folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(path for path in folder.glob("*.ipynb") if not path.name.startswith("."))
+    for pattern in ("*.md", "*.ipynb"):
+        found = sorted(path for path in folder.glob(pattern) if not path.name.startswith("."))
+        if found:
+            return found
+    return []
 
 
 def read_notebook(path):
+    """A notebook, read from .ipynb or from a MyST source (with its Colab cell and cell ids)."""
+    path = Path(path)
+    if path.suffix == ".md":
+        return read_source(path)
     return nbformat.read(str(path), as_version=4)
