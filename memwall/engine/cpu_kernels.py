@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from memwall.paths import cache_dir
+
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 MAX_ROWS = 8  # int8/int4: beyond a few rows, converting every weight again per row costs too much
@@ -84,8 +86,6 @@ def _load() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise _Unavailable("no C compiler (cc or gcc) found")
-    from memwall.models import cache_dir
-
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
@@ -143,24 +143,59 @@ def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 # The wrappers take x [..., in] and return [..., out] without reshaping: in decode each is called
-# ~120 times per step, and every avoided PyTorch call saves microseconds.
+# ~120 times per step, and every avoided PyTorch call saves microseconds. They check what C cannot:
+# a pointer to the wrong shape, dtype or device would read past a buffer and return garbage.
 
 
-def _rows_and_output(x: torch.Tensor, out_features: int):
-    x = x.contiguous()
-    return x, x.numel() // x.shape[-1], torch.empty(x.shape[:-1] + (out_features,))
+def check_width(x: torch.Tensor, in_features: int, out_features: int) -> None:
+    """Raise the error F.linear raises when x [..., width] does not fit a [out, in] weight."""
+    if x.shape[-1] != in_features:
+        rows = x.numel() // max(x.shape[-1], 1)
+        # The message F.linear gives for the same mistake.
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied "
+            f"({rows}x{x.shape[-1]} and {in_features}x{out_features})"
+        )
+
+
+def _check(x: torch.Tensor, in_features: int, out_features: int, **buffers) -> torch.Tensor:
+    """x made contiguous, after checking x and the weight buffers {name: (tensor, dtype, shape)}."""
+    check_width(x, in_features, out_features)
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        raise TypeError(
+            f"memwall's CPU kernels take fp32 CPU activations, got {x.dtype} on {x.device}"
+        )
+    for name, (tensor, dtype, shape) in buffers.items():
+        if tensor.device.type != "cpu" or tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            raise TypeError(
+                f"{name}: expected {dtype} {shape} on the CPU, "
+                f"got {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}"
+            )
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return x.contiguous()
+
+
+def _output(x: torch.Tensor, out_features: int) -> tuple[int, torch.Tensor]:
+    return x.numel() // x.shape[-1], x.new_empty(x.shape[:-1] + (out_features,))
 
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T -> [..., out], all fp32."""
-    x, rows, out = _rows_and_output(x, weight.shape[0])
+    out_features, in_features = weight.shape
+    if out_features % 4 or in_features % 8:
+        raise ValueError(
+            f"fp32_linear needs out % 4 == 0 and in % 8 == 0, got {out_features}x{in_features}"
+        )
+    x = _check(x, in_features, out_features, weight=(weight, torch.float32, tuple(weight.shape)))
+    rows, out = _output(x, out_features)
     library().fp32_linear(
         x.data_ptr(),
         weight.data_ptr(),
         out.data_ptr(),
         rows,
-        x.shape[-1],
-        weight.shape[0],
+        in_features,
+        out_features,
         torch.get_num_threads(),
     )
     return out
@@ -168,15 +203,25 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out]."""
-    x, rows, out = _rows_and_output(x, codes.shape[0])
+    out_features, in_features = codes.shape
+    if in_features % 32:
+        raise ValueError(f"int8_linear needs in % 32 == 0, got {in_features}")
+    x = _check(
+        x,
+        in_features,
+        out_features,
+        codes=(codes, torch.int8, (out_features, in_features)),
+        scales=(scales, torch.bfloat16, (out_features,)),
+    )
+    rows, out = _output(x, out_features)
     library().int8_linear(
         x.data_ptr(),
         codes.data_ptr(),
         scales.data_ptr(),
         out.data_ptr(),
         rows,
-        x.shape[-1],
-        codes.shape[0],
+        in_features,
+        out_features,
         torch.get_num_threads(),
     )
     return out
@@ -186,15 +231,25 @@ def int4_linear(
     x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int
 ) -> torch.Tensor:
     """x [..., in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2]."""
-    x, rows, out = _rows_and_output(x, packed.shape[0])
+    out_features, in_features = packed.shape[0], 2 * packed.shape[1]
+    if group_size <= 0 or group_size % 32 or in_features % group_size:
+        raise ValueError(f"group_size {group_size} must be a multiple of 32 dividing {in_features}")
+    x = _check(
+        x,
+        in_features,
+        out_features,
+        packed=(packed, torch.uint8, (out_features, in_features // 2)),
+        scale_zero=(scale_zero, torch.bfloat16, (in_features // group_size, out_features, 2)),
+    )
+    rows, out = _output(x, out_features)
     status = library().int4_linear(
         x.data_ptr(),
         packed.data_ptr(),
         scale_zero.data_ptr(),
         out.data_ptr(),
         rows,
-        x.shape[-1],
-        packed.shape[0],
+        in_features,
+        out_features,
         group_size,
         torch.get_num_threads(),
     )

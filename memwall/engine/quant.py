@@ -181,6 +181,7 @@ class Int8Linear(nn.Module):
         return dequantize_int8(self.codes, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cpu_kernels.check_width(x, self.in_features, self.out_features)
         if cpu_kernels.usable(x, self.in_features):
             y = cpu_kernels.int8_linear(x, self.codes, self.scales)
         elif _int8_kernel_ok(x):
@@ -253,6 +254,7 @@ class Int4Linear(nn.Module):
         return dequantize_int4(self.codes(), self.scale_zero, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cpu_kernels.check_width(x, self.in_features, self.out_features)
         if self.c_kernel and cpu_kernels.usable(x, self.in_features):
             y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size)
         elif self.kernel_layout and x.device.type == "cpu":
