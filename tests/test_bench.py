@@ -8,6 +8,7 @@ import torch
 
 from memwall import cost
 from memwall.bench import bench_decode, harness, workload
+from memwall.bench import probe as harness_probe
 from memwall.cli import main
 from memwall.specs import ModelSpec
 
@@ -208,3 +209,131 @@ def test_busy_machine_warning(capsys):
     harness.warn_if_busy({"device": "cpu", "threads": 2, "load_average_1min": 0.5})
     harness.warn_if_busy({"device": "cuda", "threads": 2, "load_average_1min": 9.0})
     assert capsys.readouterr().err == ""
+
+
+class FakeProbe:
+    """Bandwidths in a fixed cycle, so each repeat's pair is known."""
+
+    def __init__(self, values):
+        self.values, self.calls = list(values), 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.values[(self.calls - 1) % len(self.values)]
+
+
+def test_fraction_of_roofline_comes_from_adjacent_pairs(tiny_hf):
+    probe = FakeProbe([10e9, 20e9])  # warm-up probe 10, then 20, 10, 20 before the timed repeats
+    with pytest.warns(harness_probe.RooflineSpreadWarning, match=r"disagreed by 2.00x"):
+        result = bench_decode(
+            tiny_hf,
+            "memwall",
+            prompt_tokens=3,
+            new_tokens=3,
+            repeats=3,
+            warmup=1,
+            probe=probe,
+            progress=False,
+        )
+    json.dumps(result)
+    assert probe.calls == 4
+    assert result["bandwidth_probes_bytes_per_s"] == [20e9, 10e9, 20e9]
+    assert result["bandwidth_probe_min_bytes_per_s"] == 10e9
+    assert result["bandwidth_probe_median_bytes_per_s"] == 20e9
+    assert result["bandwidth_probe_max_bytes_per_s"] == 20e9
+    assert result["bandwidth_probe_spread"] == 2.0
+    assert "2.00x" in result["roofline_warning"]
+    expected = [
+        (1e3 / ms) / (bw / result["bytes_per_step"])
+        for ms, bw in zip(result["ms_per_token_repeats"], [20e9, 10e9, 20e9])
+    ]
+    assert result["fraction_of_roofline_repeats"] == pytest.approx(expected)
+    assert result["fraction_of_roofline"] == pytest.approx(sorted(expected)[1])
+    assert result["measured_bandwidth_bytes_per_s"] == 20e9  # the median probe
+
+
+def test_steady_probes_give_no_warning(tiny_hf, recwarn):
+    result = bench_decode(
+        tiny_hf,
+        "memwall",
+        prompt_tokens=3,
+        new_tokens=3,
+        repeats=2,
+        warmup=0,
+        probe=FakeProbe([10e9, 11e9]),
+        progress=False,
+    )
+    assert "roofline_warning" not in result
+    assert not [w for w in recwarn if w.category is harness_probe.RooflineSpreadWarning]
+
+
+def test_ceiling_is_the_lower_of_memory_and_compute_roofs(tiny_hf):
+    result = bench_decode(
+        tiny_hf,
+        "memwall",
+        prompt_tokens=3,
+        new_tokens=3,
+        repeats=1,
+        warmup=0,
+        bandwidth=FAKE_BANDWIDTH,
+        peak_flops=1e6,
+        progress=False,  # a very slow "chip"
+    )
+    compute_roof = 1e6 / result["flops_per_token"]
+    assert result["compute_roof_tok_per_s"] == pytest.approx(compute_roof)
+    assert result["memory_roof_tok_per_s"] == pytest.approx(
+        FAKE_BANDWIDTH / result["bytes_per_step"]
+    )
+    assert result["roofline_tok_per_s"] == pytest.approx(compute_roof)
+    assert result["roofline_bound"] == "compute"
+    assert result["fraction_of_roofline"] == pytest.approx(result["tok_per_s"] / compute_roof)
+
+
+def test_real_probe_reads_above_the_cache():
+    from memwall.fingerprint import last_level_cache_bytes
+
+    assert harness_probe.probe_working_set_bytes(32 * 2**20, 24 * 2**30) == 256 * 2**20
+    assert harness_probe.probe_working_set_bytes(260 * 2**20, 64 * 2**30) == 8 * 260 * 2**20
+    # Little free memory (Binder): an eighth of it, but never below 4x the cache.
+    assert harness_probe.probe_working_set_bytes(32 * 2**20, 1 * 2**30) == 128 * 2**20
+    probe = harness_probe.RooflineProbe("cpu", working_set_bytes=64 * 2**20, reads=1)
+    assert probe() > 1e8 and len(probe.samples) == 1
+    probe.close()
+    assert harness_probe.probe_working_set_bytes() >= 4 * last_level_cache_bytes()
+
+
+def test_every_bench_record_carries_the_machine_fingerprint():
+    from memwall.fingerprint import fingerprint_id, machine_fingerprint
+
+    env = harness.environment("cpu")
+    assert env["machine"] == machine_fingerprint()
+    assert env["machine_id"] == fingerprint_id()
+
+
+def test_bench_batch_fractions_come_from_probe_pairs(tiny_hf):
+    from memwall.bench.batch import bench_batch
+    from memwall.hardware import get_hardware
+
+    probe = FakeProbe([10e9, 20e9])
+    with pytest.warns(harness_probe.RooflineSpreadWarning):
+        result = bench_batch(
+            tiny_hf,
+            [1, 2],
+            context=5,
+            new_tokens=2,
+            repeats=2,
+            warmup=0,
+            progress=False,
+            hardware=get_hardware("laptop-100gbs"),
+            probe=probe,
+        )
+    json.dumps(result)
+    assert probe.calls == 4 and result["bandwidth_probe_spread"] == 2.0
+    assert result["bandwidth_probe_median_bytes_per_s"] == 15e9
+    for row in result["rows"]:
+        assert 0 < row["fraction_of_roofline"] == row["fraction_of_prediction"]
+        # The prediction uses this run's median probe, not the catalog's 100 GB/s.
+        assert row["predicted_bound"] == "memory"
+        assert row["predicted_tok_per_s"] == pytest.approx(
+            row["batch"] * 15e9 / row["predicted_bytes_per_step"]
+        )

@@ -3,6 +3,8 @@
 - `harness`: warm-up, interleaved repeats, medians, a progress bar on terminals, device/dtype
   options, roofline fields and output formatting, shared by every benchmark.
 - `workload`: models by name (or "random:<spec>" for random weights) and prompts.
+- `probe`: the roofline measured with the work: `RooflineProbe` reads a buffer well above the
+  last-level cache right before each timed repeat; fractions come from adjacent (probe, work) pairs.
 - `decode`: `bench_decode(...) -> dict` and `memwall bench decode`.
 
 Adding a benchmark (e.g. `memwall bench batch`)

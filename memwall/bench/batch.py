@@ -8,7 +8,9 @@ One decode step for B sequences reads every weight once, plus each sequence's KV
 so total tokens/s = B / step time grows almost B-fold while the weights dominate the bytes, and
 stops growing once the FLOPs (past the ridge point) or the KV cache (long contexts) take over.
 This module times memwall's batched decode for each B and prints that prediction next to it,
-using bandwidth and FLOP/s measured in the same process (`memwall.hardware.measure`).
+using FLOP/s measured in the same process (`memwall.hardware.measure`) and the bandwidth probed
+right before each timed repeat (`memwall.bench.probe`): each row's fraction of the prediction is
+the median over its (probe, work) pairs.
 
 The cache is filled with `context` random keys/values per sequence instead of a real prefill: a
 step's time depends on how many bytes and FLOPs it has, not on their values, and a prefill of
@@ -17,11 +19,17 @@ step's time depends on how many bytes and FLOPs it has, not on their values, and
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
+import sys
 import time
+import warnings
 
 import torch
 
 from memwall.bench import harness, workload
+from memwall.bench import probe as roofline_probe
+from memwall.validate import count
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
 
@@ -102,15 +110,17 @@ def bench_batch(
     warmup: int = 1,
     hardware=None,
     progress: bool | None = None,
+    probe=None,
 ) -> dict:
     """Time batched decode for each batch size; return a dict with one row per B.
 
     model: a name ("smollm2-135m", "random:llama-3-8b") or a loaded transformers model.
-    hardware: a `memwall.hardware.Hardware` for the prediction; default: measured here, now.
+    hardware: a `memwall.hardware.Hardware` for a fixed prediction; default: FLOP/s measured here,
+        and the bandwidth probed before every repeat (`probe`, default a `RooflineProbe`).
     """
-    batches = [harness.check_count("batch", b, 1) for b in batches]
-    harness.check_count("context", context, 0)
-    harness.check_count("new_tokens", new_tokens, 1)
+    batches = [count("batch", b, 1) for b in batches]
+    count("context", context, 0)
+    count("new_tokens", new_tokens, 1)
     from memwall.engine import Transformer
     from memwall.specs import ModelSpec
 
@@ -135,12 +145,22 @@ def bench_batch(
         from memwall.hardware import measure
 
         hardware = measure(device).as_hardware()
+        probe = probe or roofline_probe.RooflineProbe(device)
 
     runs = {
         b: (lambda b=b: time_decode_steps(engine_model, b, context, new_tokens, seed=b))
         for b in batches
     }
-    samples = harness.run_interleaved(runs, repeats, warmup, f"batch {name}", progress)
+    try:
+        samples = harness.run_interleaved(
+            runs, repeats, warmup, f"batch {name}", progress, probe=probe
+        )
+    finally:
+        if hasattr(probe, "close"):
+            probe.close()
+    probes = [s["probe_bandwidth"] for b in batches for s in samples[b] if "probe_bandwidth" in s]
+    if probes:  # predict with the bandwidth of this run, not of an earlier one
+        hardware = dataclasses.replace(hardware, memory_bandwidth=statistics.median(probes))
     weight_bytes = engine_model.weight_bytes_per_step()
     kv_per_token = engine_model.new_cache(batch=1, max_tokens=1).nbytes
     mean_context = context + (new_tokens + 1) / 2  # step j attends context + j positions
@@ -162,8 +182,13 @@ def bench_batch(
             }
         )
     for row in rows:
-        row["fraction_of_prediction"] = row["tok_per_s"] / row["predicted_tok_per_s"]
+        row["fraction_of_prediction"] = _fraction(row, samples[row["batch"]], hardware, dtype)
+        row["fraction_of_roofline"] = row["fraction_of_prediction"]
         row["speedup_over_first"] = row["tok_per_s"] / rows[0]["tok_per_s"]
+    spread = roofline_probe.spread_fields(probes)
+    message = roofline_probe.warn_if_unstable(probes, f"bench batch {name}")
+    if message:
+        spread["roofline_warning"] = message
     return {
         "model": name,
         **harness.environment(device),
@@ -174,8 +199,28 @@ def bench_batch(
         "warmup": warmup,
         "bandwidth_bytes_per_s": hardware.memory_bandwidth,
         "peak_flops": hardware.peak_flops.get(dtype, max(hardware.peak_flops.values())),
+        **spread,
         "rows": rows,
     }
+
+
+def _fraction(row: dict, samples: list[dict], hardware, dtype: str) -> float:
+    """tok/s over the predicted ceiling min(memory roof, compute roof): the median over the row's
+    (probe, work) pairs when the bandwidth was probed, else against the fixed `hardware`."""
+    from memwall import cost
+
+    probes = [s["probe_bandwidth"] for s in samples if "probe_bandwidth" in s]
+    if not probes:
+        return row["tok_per_s"] / row["predicted_tok_per_s"]
+    batch = row["batch"]
+    peak = cost.peak_flops(hardware, cost.compute_dtype_for(dtype))
+    fractions = roofline_probe.paired_fractions(
+        [batch / (s["step_s"]) for s in samples],
+        probes,
+        row["predicted_bytes_per_step"] / batch,
+        batch * peak / row["predicted_flops_per_step"],
+    )
+    return statistics.median(fractions)
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -223,7 +268,17 @@ def add_cli(bench_subparsers) -> None:
 
 
 def run_cli(args) -> int:
-    result = bench_batch(
+    with warnings.catch_warnings():  # the spread is printed as one plain line, at the end
+        warnings.simplefilter("ignore", roofline_probe.RooflineSpreadWarning)
+        result = _run(args)
+    _print(result, args.json)
+    if "roofline_warning" in result:
+        print(f"memwall {result['roofline_warning']}", file=sys.stderr)
+    return 0
+
+
+def _run(args) -> dict:
+    return bench_batch(
         args.model,
         parse_batches(args.batch),
         context=args.context,
@@ -233,9 +288,12 @@ def run_cli(args) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
     )
-    if args.json:
+
+
+def _print(result: dict, as_json: bool) -> None:
+    if as_json:
         harness.print_result(result, as_json=True)
-        return 0
+        return
     harness.print_result({k: v for k, v in result.items() if k != "rows"}, as_json=False)
     print(
         f"{'B':>4} {'tok/s':>9} {'ms/token':>9} {'MB/step':>9} {'GB/s':>7} {'predicted tok/s':>16} "
@@ -247,4 +305,3 @@ def run_cli(args) -> int:
             f"{r['achieved_bandwidth_bytes_per_s'] / 1e9:>7.1f} {r['predicted_tok_per_s']:>16.1f} "
             f"{r['predicted_bound']:>8} {r['fraction_of_prediction']:>9.0%} {r['speedup_over_first']:>7.2f}"
         )
-    return 0

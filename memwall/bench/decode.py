@@ -6,9 +6,11 @@ A decode step reads every weight once plus the KV cache so far, so on any machin
 
 with bytes per step = weight bytes + KV bytes at the step's context. This module times memwall's
 engine and/or transformers' `generate` on the same model and prompt (greedy, exactly
-`new_tokens` tokens, no early stop), measures the bandwidth in the same process
-(`memwall.hardware.measure`), and reports where each lands under the ceiling, in the manner of
-gpt-fast's "bandwidth achieved" line.
+`new_tokens` tokens, no early stop), probes the bandwidth right before every timed repeat
+(`memwall.bench.probe`), and reports where each lands under the ceiling, in the manner of
+gpt-fast's "bandwidth achieved" line. The ceiling is min(memory roof, compute roof); the compute
+roof (FLOPs per token from `memwall.cost`, peak from `memwall.hardware.measure`) only matters on
+machines whose matmuls are slow for their bandwidth.
 
 Both engines are timed the same way: TTFT from the call to the first generated token, and time
 per output token as (time of the last token - time of the first) / (new_tokens - 1).
@@ -16,11 +18,16 @@ per output token as (time of the last token - time of the first) / (new_tokens -
 
 from __future__ import annotations
 
+import statistics
+import sys
 import time
+import warnings
 
 import torch
 
 from memwall.bench import harness, workload
+from memwall.bench import probe as roofline_probe
+from memwall.validate import count
 
 ENGINES = ("memwall", "hf")
 
@@ -40,6 +47,8 @@ def bench_decode(
     progress: bool | None = None,
     quant: str | None = None,
     group_size: int = 32,
+    peak_flops: float | None = None,
+    probe=None,
 ) -> dict:
     """Time batch-1 greedy decode and return a dict of medians and roofline figures.
 
@@ -47,7 +56,10 @@ def bench_decode(
         (then `device`/`dtype` are taken from it and `tokenizer` is used for the prompt).
     engine: "memwall", "hf" (transformers' generate) or "compare" (both, interleaved, plus the
         ratio memwall tok/s / hf tok/s).
-    bandwidth: bytes/s for the roofline; default: `memwall.hardware.measure(device)`.
+    bandwidth: bytes/s for a fixed roofline; default: probed before every timed repeat (`probe`,
+        default a `RooflineProbe` on `device`), each repeat's fraction taken from its own pair.
+    peak_flops: FLOP/s for the compute roof; default `memwall.hardware.measure(device)` when the
+        bandwidth is probed, none (memory roof alone) when a fixed `bandwidth` is given.
     quant: "int8" or "int4" (with `group_size`) quantizes memwall's engine weight-only
         (`memwall.engine.quant.quantize`, chapter 7); transformers stays in `dtype`. A list such as
         ["none", "int8", "int4"] times each format side by side, interleaved, in one process (engine
@@ -58,10 +70,8 @@ def bench_decode(
         raise ValueError(
             f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}."
         )
-    harness.check_count("prompt_tokens", prompt_tokens, 1)
-    harness.check_count(
-        "new_tokens", new_tokens, 2
-    )  # one decode step at least, after the first token
+    count("prompt_tokens", prompt_tokens, 1)
+    count("new_tokens", new_tokens, 2)  # one decode step at least, after the first token
     engines = ENGINES if engine == "compare" else (engine,)
     quants = _parse_quants(quant)
     if quants != [None] and "memwall" not in engines:
@@ -117,11 +127,20 @@ def bench_decode(
             config, torch.finfo(harness.DTYPES[dtype]).bits // 8
         )
 
-    if bandwidth is None:
-        from memwall.hardware import measure
-
-        bandwidth = measure(device).bandwidth
-    samples = harness.run_interleaved(runs, repeats, warmup, f"decode {name}", progress)
+    if bandwidth is None and probe is None:
+        if peak_flops is None:
+            peak_flops = measured_peak_flops(device, dtype)
+        probe = roofline_probe.RooflineProbe(device)
+    try:
+        samples = harness.run_interleaved(
+            runs, repeats, warmup, f"decode {name}", progress, probe=probe
+        )
+    finally:
+        if hasattr(probe, "close"):
+            probe.close()
+    probes = [s["probe_bandwidth"] for e in runs for s in samples[e] if "probe_bandwidth" in s]
+    flops_per_token = _flops_per_token(config, prompt_tokens + new_tokens / 2)
+    compute_roof = peak_flops / flops_per_token if peak_flops else None
 
     shared = {
         "model": name,
@@ -131,10 +150,23 @@ def bench_decode(
         "new_tokens": new_tokens,
         "repeats": repeats,
         "warmup": warmup,
+        "flops_per_token": flops_per_token,
+        "peak_flops": peak_flops,
+        **roofline_probe.spread_fields(probes),
     }
+    message = roofline_probe.warn_if_unstable(probes, f"bench decode {name}")
+    if message:
+        shared["roofline_warning"] = message
     per_engine = {
         e: summarize(
-            e, samples[e], weight_bytes[e], kv_per_token[e], prompt_tokens, new_tokens, bandwidth
+            e,
+            samples[e],
+            weight_bytes[e],
+            kv_per_token[e],
+            prompt_tokens,
+            new_tokens,
+            bandwidth,
+            compute_roof,
         )
         for e in runs
     }
@@ -171,15 +203,29 @@ def summarize(
     kv_bytes_per_token: int,
     prompt_tokens: int,
     new_tokens: int,
-    bandwidth: float,
+    bandwidth: float | None,
+    compute_roof_tok_per_s: float | None = None,
 ) -> dict:
-    """Medians over repeats, and the bytes a step moves at the mean context of the decode steps."""
+    """Medians over repeats, and the bytes a step moves at the mean context of the decode steps.
+
+    When the samples carry a "probe_bandwidth" (probed right before each), each repeat's fraction
+    of the roofline comes from its own pair and the median of those is reported; `bandwidth` is
+    then the median probe.
+    """
     median = harness.medians(samples)
     # Decode step j (j = 1 .. new_tokens - 1) attends prompt_tokens + j positions: mean P + N/2.
     mean_context = prompt_tokens + new_tokens / 2
     kv_bytes = kv_bytes_per_token * mean_context
     bytes_per_step = weight_bytes + kv_bytes
     tok_per_s = 1 / median["tpot_s"]
+    pairs = {}
+    probes = [s["probe_bandwidth"] for s in samples if "probe_bandwidth" in s]
+    if probes:
+        fractions = roofline_probe.paired_fractions(
+            [1 / s["tpot_s"] for s in samples], probes, bytes_per_step, compute_roof_tok_per_s
+        )
+        bandwidth = statistics.median(probes)
+        pairs = {"fraction": statistics.median(fractions)}
     return {
         "engine": engine,
         "ttft_ms": median["ttft_s"] * 1e3,
@@ -190,9 +236,29 @@ def summarize(
         "mean_context": mean_context,
         "kv_bytes": kv_bytes,
         "bytes_per_step": bytes_per_step,
-        **harness.roofline_fields(tok_per_s, bytes_per_step, bandwidth),
+        **harness.roofline_fields(
+            tok_per_s, bytes_per_step, bandwidth, compute_roof_tok_per_s, **pairs
+        ),
         "ms_per_token_repeats": [s["tpot_s"] * 1e3 for s in samples],
+        **({"fraction_of_roofline_repeats": fractions} if probes else {}),
     }
+
+
+def measured_peak_flops(device: str, dtype: str) -> float | None:
+    """This device's matmul FLOP/s for `dtype` from `memwall.hardware.measure` (cached per process);
+    fp32's rate for a dtype it did not measure (a CPU without native bf16 is no faster at it)."""
+    from memwall.hardware import measure
+
+    flops = measure(device).flops
+    return flops.get(dtype) or flops.get("fp32")
+
+
+def _flops_per_token(config, context: float) -> float:
+    """Cost-model FLOPs of one batch-1 decode step at `context` cached tokens."""
+    from memwall import cost
+    from memwall.specs import ModelSpec
+
+    return cost.step(ModelSpec.from_hf_config(config), context=round(context)).flops
 
 
 def _parse_quants(quant) -> list[str | None]:
@@ -313,7 +379,32 @@ def add_cli(bench_subparsers) -> None:
 
 
 def run_cli(args) -> int:
-    result = bench_decode(
+    with warnings.catch_warnings():
+        # The spread is printed as one plain line below, not as a Python warning with a source line.
+        warnings.simplefilter("ignore", roofline_probe.RooflineSpreadWarning)
+        result = _run(args)
+    harness.print_result(result, args.json, columns=_columns(args, result))
+    if "tok_per_s_over_first" in result and not args.json:
+        print(
+            "tok/s over the first format: "
+            + ", ".join(
+                f"{label} {ratio:.2f}x" for label, ratio in result["tok_per_s_over_first"].items()
+            )
+        )
+    if "roofline_warning" in result:
+        print(f"memwall {result['roofline_warning']}", file=sys.stderr)
+    harness.warn_if_busy(result)
+    return 0
+
+
+def _columns(args, result):
+    if args.compare:
+        return list(ENGINES)
+    return [key for key in result if key.startswith("memwall")] or None
+
+
+def _run(args) -> dict:
+    return bench_decode(
         args.model,
         "compare" if args.compare else args.engine,
         device=args.device,
@@ -325,18 +416,3 @@ def run_cli(args) -> int:
         quant=args.quant,
         group_size=args.group_size,
     )
-    columns = (
-        list(ENGINES)
-        if args.compare
-        else [key for key in result if key.startswith("memwall")] or None
-    )
-    harness.print_result(result, args.json, columns=columns)
-    if "tok_per_s_over_first" in result and not args.json:
-        print(
-            "tok/s over the first format: "
-            + ", ".join(
-                f"{label} {ratio:.2f}x" for label, ratio in result["tok_per_s_over_first"].items()
-            )
-        )
-    harness.warn_if_busy(result)
-    return 0

@@ -8,8 +8,10 @@ benchmarking of parallel computing systems"):
   of load from another process slows both, not just one, and the ratio stays honest;
 - a device synchronisation before every clock read, so GPU work is not left running unseen.
 
-`run_interleaved` does the first three; `synchronize` the last. The rest resolves the options
-every subcommand shares (device, dtype) and formats results (JSON, or a plain table).
+`run_interleaved` does the first three, and with a `probe` (`memwall.bench.probe.RooflineProbe`)
+measures the bandwidth right before every repeat, so the roofline is taken with the work, not once
+before it; `synchronize` does the last. The rest resolves the options every subcommand shares
+(device, dtype), records the machine (`memwall.fingerprint`) and formats results.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 from collections.abc import Callable, Mapping
 
 import torch
+
+from memwall.validate import count
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICES = ("cpu", "cuda")
@@ -59,12 +63,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def check_count(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return value
-
-
 def synchronize(device) -> None:
     """Wait for queued device work, so the next clock read includes it (a no-op on CPU)."""
     if torch.device(device).type == "cuda":
@@ -73,6 +71,7 @@ def synchronize(device) -> None:
 
 def environment(device: str) -> dict:
     """What a reader needs to interpret the numbers: where, with what, and how busy the machine was."""
+    from memwall.fingerprint import fingerprint_id, machine_fingerprint
     from memwall.hardware import _device_name
 
     try:
@@ -86,6 +85,8 @@ def environment(device: str) -> dict:
         "threads": torch.get_num_threads(),
         "load_average_1min": load,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": machine_fingerprint(),
+        "machine_id": fingerprint_id(),
         # Thread settings change CPU results a lot, above all on a busy machine: record them.
         **{name.lower(): os.environ[name] for name in THREAD_VARIABLES if name in os.environ},
     }
@@ -131,20 +132,26 @@ def run_interleaved(
     warmup: int = 1,
     description: str = "bench",
     progress: bool | None = None,
+    probe: Callable[[], float] | None = None,
 ) -> dict[str, list[dict]]:
     """Call each function in `runs` warmup + repeats times, round-robin; keep the timed repeats.
 
     Each function does one complete measurement and returns a dict of numbers (e.g. seconds).
-    Returns {name: [one dict per timed repeat]}.
+    Returns {name: [one dict per timed repeat]}. With a `probe` (a function returning bytes/s),
+    every call is preceded by one probe, stored in its dict as "probe_bandwidth": the pair
+    (probe, work) gives that repeat's roofline.
     """
-    check_count("repeats", repeats, 1)
-    check_count("warmup", warmup, 0)
+    count("repeats", repeats, 1)
+    count("warmup", warmup, 0)
     results: dict[str, list[dict]] = {name: [] for name in runs}
     bar = progress_bar((warmup + repeats) * len(runs), description, progress)
     try:
         for round_index in range(warmup + repeats):
             for name, run in runs.items():
+                bandwidth = probe() if probe is not None else None
                 measured = run()
+                if bandwidth is not None:
+                    measured = {**measured, "probe_bandwidth": bandwidth}
                 if round_index >= warmup:
                     results[name].append(measured)
                 bar.update()
@@ -158,14 +165,30 @@ def medians(samples: list[dict]) -> dict:
     return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
 
 
-def roofline_fields(tok_per_s: float, bytes_per_step: float, bandwidth: float) -> dict:
-    """Where a measured decode speed sits under the bandwidth ceiling: tokens/s <= bandwidth / bytes."""
-    roofline = bandwidth / bytes_per_step
+def roofline_fields(
+    tok_per_s: float,
+    bytes_per_step: float,
+    bandwidth: float,
+    compute_roof_tok_per_s: float | None = None,
+    fraction: float | None = None,
+) -> dict:
+    """Where a measured decode speed sits under its ceiling, min(memory roof, compute roof):
+    tokens/s <= bandwidth / bytes per token, and <= peak FLOP/s / FLOPs per token.
+
+    compute_roof_tok_per_s: None when no compute peak is known (then the memory roof alone).
+    fraction: the fraction from (probe, work) pairs, when the bandwidth was probed with the work;
+    default tok_per_s / ceiling.
+    """
+    memory_roof = bandwidth / bytes_per_step
+    roofline = min(memory_roof, compute_roof_tok_per_s or float("inf"))
     return {
         "measured_bandwidth_bytes_per_s": bandwidth,
         "achieved_bandwidth_bytes_per_s": tok_per_s * bytes_per_step,
+        "memory_roof_tok_per_s": memory_roof,
+        "compute_roof_tok_per_s": compute_roof_tok_per_s,
         "roofline_tok_per_s": roofline,
-        "fraction_of_roofline": tok_per_s / roofline,
+        "roofline_bound": "memory" if roofline == memory_roof else "compute",
+        "fraction_of_roofline": tok_per_s / roofline if fraction is None else fraction,
     }
 
 

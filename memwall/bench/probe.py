@@ -1,0 +1,127 @@
+"""The roofline measured with the workload: bandwidth probes interleaved with the timed repeats.
+
+On a shared VM the memory bandwidth is not a constant. The machine this course was built on
+streams at about 45 GB/s at one moment and about 77 GB/s at the next, so a ceiling measured once,
+before the work, can make the same engine look like 39% or 89% of its roofline. Instead, each
+timed repeat is preceded by a short read-bandwidth probe, and each fraction of the roofline is
+taken from an adjacent (probe, work) pair; the fractions' median is reported, with the probes'
+spread. When the probes disagree by more than 20%, `warn_if_unstable` says so, naming the spread.
+
+The probe reads a buffer well above the last-level cache (or we would time the cache), sized
+from the memory that is free, so that it also fits on a 2 GB Binder machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+
+import torch
+
+from memwall.fingerprint import available_memory_bytes, last_level_cache_bytes
+
+UNSTABLE_SPREAD = 1.2  # max/min of the probes above which a result gets a warning
+MIN_WORKING_SET = 256 * 2**20
+
+
+class RooflineSpreadWarning(UserWarning):
+    """The bandwidth probes of one benchmark disagreed by more than UNSTABLE_SPREAD."""
+
+
+def probe_working_set_bytes(llc_bytes: int | None = None, available: int | None = None) -> int:
+    """8x the last-level cache and at least 256 MiB, but at most an eighth of the free memory."""
+    llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    free = available_memory_bytes() if available is None else available
+    wanted = max(8 * llc, MIN_WORKING_SET)
+    if free:
+        wanted = min(wanted, free // 8)
+    return max(wanted, 4 * llc, 16 * 2**20) // 4 * 4  # whole fp32 elements
+
+
+class RooflineProbe:
+    """Call it to measure read bandwidth now (bytes/s); it keeps every sample in `.samples`.
+
+    Each call times `reads` full reads of its buffer (torch.sum) and keeps the fastest: noise only
+    ever slows a read down, and the probe is the ceiling. About 20 ms on a CPU at 40 GB/s.
+    """
+
+    def __init__(self, device="cpu", working_set_bytes: int | None = None, reads: int = 3):
+        self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        if working_set_bytes is None:
+            # A GPU's L2 is tens of MB, and its reads are fast: 512 MiB suits every CUDA GPU.
+            working_set_bytes = 512 * 2**20 if on_gpu else probe_working_set_bytes()
+        self.working_set_bytes = int(working_set_bytes)
+        self.reads = reads * (5 if on_gpu else 1)
+        self.buffer = torch.ones(self.working_set_bytes // 4, dtype=torch.float32, device=device)
+        self.samples: list[float] = []
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self) -> float:
+        self.buffer.sum()  # first touch / warm the reduction
+        self._sync()
+        best = float("inf")
+        for _ in range(self.reads):
+            start = time.perf_counter()
+            self.buffer.sum()
+            self._sync()
+            best = min(best, time.perf_counter() - start)
+        bandwidth = self.working_set_bytes / best
+        self.samples.append(bandwidth)
+        return bandwidth
+
+    def close(self):
+        """Free the buffer (the samples stay)."""
+        self.buffer = None
+
+
+def spread_fields(probes: list[float]) -> dict:
+    """min/median/max of the probes (bytes/s) and their spread max/min, as JSON-ready fields."""
+    if not probes:
+        return {}
+    low, high = min(probes), max(probes)
+    return {
+        "bandwidth_probe_min_bytes_per_s": low,
+        "bandwidth_probe_median_bytes_per_s": statistics.median(probes),
+        "bandwidth_probe_max_bytes_per_s": high,
+        "bandwidth_probe_spread": high / low,
+        "bandwidth_probes_bytes_per_s": list(probes),
+    }
+
+
+def warn_if_unstable(probes: list[float], what: str = "benchmark") -> str | None:
+    """Warn (RooflineSpreadWarning) when probes disagree by more than 20%; return the message."""
+    if len(probes) < 2:
+        return None
+    spread = max(probes) / min(probes)
+    if spread <= UNSTABLE_SPREAD:
+        return None
+    message = (
+        f"{what}: the bandwidth probes disagreed by {spread:.2f}x "
+        f"({min(probes) / 1e9:.1f} to {max(probes) / 1e9:.1f} GB/s): the machine's memory "
+        "bandwidth changed during the run. Each fraction of the roofline uses the probe next to "
+        "it, but treat absolute tokens/s with care."
+    )
+    warnings.warn(message, RooflineSpreadWarning, stacklevel=2)
+    return message
+
+
+def paired_fractions(
+    achieved: list[float], probes: list[float], bytes_per_unit: float, compute_roof=None
+) -> list[float]:
+    """Fraction of the roofline for each adjacent (probe, work) pair.
+
+    achieved: units/s of each timed repeat (tokens/s); probes: the bandwidth measured just before
+    it; bytes_per_unit: bytes moved per unit; compute_roof: units/s the compute peak allows
+    (None: no compute ceiling known), so each pair's roof is min(memory roof, compute roof).
+    """
+    if len(achieved) != len(probes):
+        raise ValueError(f"{len(achieved)} timings but {len(probes)} probes; they come in pairs.")
+    return [
+        rate / min(probe / bytes_per_unit, compute_roof or float("inf"))
+        for rate, probe in zip(achieved, probes)
+    ]
