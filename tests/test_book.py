@@ -4,6 +4,7 @@ The build runs once per session (tests/book_build.py; MEMWALL_REUSE_BUILD=1 reus
 and tests/test_browser.py opens the same site in Chromium.
 """
 
+import html as html_lib
 import re
 
 import pytest
@@ -15,6 +16,9 @@ CHAPTER_PAGES = [entry for entry in toc_files() if entry.startswith("chapters/")
 # ipykernel 7 logs this on its own stderr when a kernel starts; it is not a warning about the book.
 KERNEL_TRANSPORT_NOTICE = "Kernel is running over TCP without encryption"
 WIDGET_STATE = 'type="application/vnd.jupyter.widget-state+json"'
+# Characters of a cell's printed output that fit the content column at 1280 px (book/_theme/memwall.css
+# sets the output font so that about 95 fit; a few are kept spare for the scrollbar and padding).
+OUTPUT_COLUMN_CHARS = 92
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +139,34 @@ def test_intro_links_every_chapter(build):
     intro = page_html("book/intro")
     for chapter in CHAPTER_PAGES:
         assert f'href="../{chapter}.html"' in intro, chapter
+
+
+def widest_output_lines(page_html_text: str, limit: int) -> list[str]:
+    """The lines of printed cell output (text inside a cell_output's <pre>) longer than `limit`."""
+    too_wide = []
+    for part in page_html_text.split('class="cell_output')[1:]:
+        output = part.split('<div class="cell docutils container')[0]
+        for pre in re.findall(r"<pre[^>]*>(.*?)</pre>", output, flags=re.DOTALL):
+            text = html_lib.unescape(re.sub(r"<[^>]+>", "", pre))
+            too_wide += [line for line in text.splitlines() if len(line.rstrip()) > limit]
+    return too_wide
+
+
+def test_widest_output_line_helper_finds_long_lines():
+    page = (
+        '<div class="cell_output docutils container"><pre><span>short</span>\n'
+        + "x" * 93
+        + "</pre></div>"
+    )
+    assert widest_output_lines(page, 92) == ["x" * 93]
+    assert widest_output_lines(page.replace("x" * 93, "x" * 92), 92) == []
+
+
+@pytest.mark.parametrize("chapter", CHAPTER_PAGES)
+def test_printed_output_fits_the_content_column(build, chapter):
+    """A printed line wider than the column is clipped (or scrolls) at the book's width."""
+    too_wide = widest_output_lines(page_html(chapter), OUTPUT_COLUMN_CHARS)
+    assert not too_wide, (
+        f"{chapter}: {len(too_wide)} output line(s) over {OUTPUT_COLUMN_CHARS} characters, "
+        f"the widest {max(map(len, too_wide))}:\n" + "\n".join(too_wide[:5])
+    )
