@@ -188,6 +188,7 @@ class Measurement:
     flops: dict[str, float] = field(default_factory=dict)
     memory_bytes: float = 0.0
     working_set_bytes: int = 0
+    machine: dict = field(default_factory=dict)  # memwall.fingerprint.machine_fingerprint()
 
     def as_hardware(self) -> Hardware:
         return Hardware(
@@ -233,6 +234,12 @@ def _device_name(device) -> str:
     return platform.processor() or platform.machine() or device.type
 
 
+def _cpu_has_bf16() -> bool:
+    from memwall.fingerprint import has_native_bf16
+
+    return has_native_bf16()
+
+
 def _memory_bytes(device) -> float:
     import torch
 
@@ -247,6 +254,8 @@ def _memory_bytes(device) -> float:
 @functools.cache
 def _measure(device_str: str, quick: bool) -> Measurement:
     import torch
+
+    from memwall.fingerprint import machine_fingerprint
 
     device = torch.device(device_str)
     on_cpu = device.type == "cpu"
@@ -280,9 +289,10 @@ def _measure(device_str: str, quick: bool) -> Measurement:
 
     # A square matmul of side n does 2 n^3 FLOPs on 3 n^2 elements: compute-bound for large n.
     n = (1024 if quick else 2048) if on_cpu else (4096 if quick else 8192)
-    # CPUs without native 16-bit math are slow at it (and not what decode uses there), so only fp32.
+    # A CPU gets a bf16 roof only when its flags say it has bf16 dot products (AVX-512 BF16, AMX,
+    # ARM FEAT_BF16): elsewhere bf16 is emulated, slower than fp32, and its "roof" would mislead.
     dtypes = (
-        {"fp32": torch.float32}
+        {"fp32": torch.float32, **({"bf16": torch.bfloat16} if _cpu_has_bf16() else {})}
         if on_cpu
         else {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     )
@@ -321,6 +331,7 @@ def _measure(device_str: str, quick: bool) -> Measurement:
         flops=flops,
         memory_bytes=_memory_bytes(device),
         working_set_bytes=working_set,
+        machine=machine_fingerprint(),
     )
 
 

@@ -71,3 +71,14 @@ def test_measure_quick_is_plausible_and_cached():
     assert hardware.name == f"this-{result.device_type}"
     assert hardware.memory_bandwidth == result.bandwidth
     assert hardware.flops("fp32") == result.flops["fp32"]
+
+
+def test_measure_takes_a_bf16_roof_exactly_where_the_cpu_has_bf16():
+    from memwall.fingerprint import has_native_bf16, same_machine
+
+    result = measure(quick=True)
+    assert same_machine(result.machine, result.machine) and result.machine["cpu_model"]
+    if result.device_type == "cpu":
+        assert ("bf16" in result.flops) == has_native_bf16(result.machine)
+    if "bf16" in result.flops:
+        assert 1e9 < result.flops["bf16"] < 1e16
