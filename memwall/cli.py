@@ -1,16 +1,17 @@
 """The `memwall` command.
 
-`info` and `calc` live here. Other commands live next to the code they drive and plug in:
-a module listed in PLUGIN_COMMANDS defines
+`info` and `calc` live here. Other commands live next to the code they drive and plug in: each
+entry of COMMANDS names the module whose `register_cli(subparsers)` adds the command,
 
     def register_cli(subparsers):
         parser = subparsers.add_parser("bench", help="...")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", action="store_true", help="print JSON")
         parser.set_defaults(run=run_bench)   # run(args) -> exit code (None means 0)
 
-A plugin module is imported only when its command runs (or for --help), so `memwall calc` never
-pays for torch, and a module that does not exist yet simply has no command. A `ValueError` raised
-by any command becomes a one-line error and exit code 2.
+and the extra (`pip install "memwall[engine]"`) that the command needs. `memwall --help` lists
+every command from this table without importing any of them, so it works in a lean install with
+no torch; a plugin module is imported only when its command runs. A `ValueError` raised by any
+command becomes a one-line error and exit code 2, and so does a missing extra.
 """
 
 from __future__ import annotations
@@ -20,80 +21,90 @@ import dataclasses
 import importlib
 import importlib.util
 import json
+import os
 import sys
 
-from memwall import cost
+from memwall import __version__, cost
 from memwall.hardware import CATALOG as HARDWARE_CATALOG
 from memwall.hardware import MEASURED_NAME, get_hardware, measure
 from memwall.specs import CATALOG as MODEL_CATALOG
-
-# command -> module whose register_cli(subparsers) adds it. One module may add several commands.
-PLUGIN_COMMANDS = {
-    "bench": "memwall.bench",
-    "generate": "memwall.generate",
-    "grade": "memwall.grading",
-    "exercises": "memwall.grading",
-    "notebooks": "memwall.notebooks",
-    "serve": "memwall.serving.cli",
-}
+from memwall.units import human_bytes, parameter_count, print_table, seconds, si
 
 EXIT_USAGE = 2
 
+# What each extra brings that a command imports: the modules checked before a command runs.
+# tests/test_lean_package.py checks that each is declared in that extra in pyproject.toml.
+EXTRA_MODULES = {
+    "engine": ("torch", "numpy", "transformers", "safetensors"),
+    "grade": ("numpy", "nbformat", "nbclient", "jupytext"),
+    "book": ("nbformat", "jupytext"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    module: str | None  # the module whose register_cli adds it; None for info and calc (here)
+    extra: str | None  # the extra it needs; None: the core install is enough
+    help: str
+
+
+COMMANDS = {
+    "info": Command(None, "engine", "measure this machine's memory bandwidth and FLOP/s"),
+    "calc": Command(None, None, "bytes, FLOPs and the tokens/s ceiling of one decode step"),
+    "bench": Command("memwall.bench", "engine", "measure decode, batching and servers"),
+    "generate": Command("memwall.engine.cli", "engine", "generate text and time it"),
+    "serve": Command("memwall.serving.cli", "engine", "an OpenAI-compatible server"),
+    "grade": Command("memwall.grading", "grade", "grade a folder of submitted notebooks"),
+    "exercises": Command("memwall.grading", "grade", "write or check exercises/ from solutions/"),
+    "notebooks": Command("memwall.notebooks", "book", "write the launch notebooks (.ipynb)"),
+}
+
 
 class UsageError(Exception):
-    """Bad command-line input; main() prints it on one line."""
+    """Bad command-line input, or a missing extra; main() prints it on one line."""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help, unless the help already speaks of it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
+    # Subcommand parsers are made with this class too, so every command gets the formatter.
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     # argparse would print the usage block and call sys.exit; one clear line is friendlier.
     def error(self, message):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
-# ---- formatting ------------------------------------------------------------------------------
-
-_SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
-def si(value: float, unit: str) -> str:
-    """4 significant digits with an SI prefix: si(16.06e9, 'B') == '16.06 GB'."""
-    for scale, prefix in _SI_PREFIXES:
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {prefix}{unit}"
-    return f"{value:.4g} {unit}"
+def missing_modules(extra: str | None) -> list[str]:
+    """The modules of `extra` that are not installed (none for the core)."""
+    return [m for m in EXTRA_MODULES.get(extra, ()) if importlib.util.find_spec(m) is None]
 
 
-def human_bytes(n: float) -> str:
-    """Decimal and binary units side by side, since datasheets use GB and memory is sized in GiB."""
-    for power, prefix in ((5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
-        if n >= 1024**power:
-            return f"{si(n, 'B')} ({n / 1024**power:.4g} {prefix}B)"
-    return f"{n:.4g} B"
-
-
-def parameter_count(n: float) -> str:
-    """Parameter counts the way model names write them: 8.03B, 135M."""
-    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.4g}M"
-
-
-def seconds(t: float) -> str:
-    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
-
-
-def print_table(title: str, rows: list[tuple[str, str]]) -> None:
-    print(title)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        print(f"  {label:<{width}}  {value}")
+def require_extra(extra: str | None, what: str) -> None:
+    """A one-line UsageError naming the pip command, when `extra` is not installed."""
+    missing = missing_modules(extra)
+    if missing:
+        raise UsageError(
+            f"memwall: {what} needs the {extra} extra ({', '.join(missing)} not installed): "
+            f'pip install "memwall[{extra}]"'
+        )
 
 
 # ---- info --------------------------------------------------------------------------------------
 
 
 def add_info_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "info", help="measure this machine's memory bandwidth and FLOP/s"
-    )
+    parser = subparsers.add_parser("info", help=_listed_help(COMMANDS["info"]))
     parser.add_argument(
         "--device", help="torch device to measure (default: cuda if present, else cpu)"
     )
@@ -104,16 +115,32 @@ def add_info_parser(subparsers) -> None:
     parser.set_defaults(run=run_info)
 
 
-def run_info(args) -> int:
+def _usable_device(name: str | None):
+    """`name` as a torch device this torch can use, else a ValueError naming what it can use."""
+    import torch
+
+    if name is None:
+        return None
     try:
-        result = measure(args.device, quick=args.quick)
-    except (
-        RuntimeError
-    ) as error:  # torch's answer to a device it cannot use, e.g. "cuda" on a CPU box
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}; choose cpu, cuda, cuda:N or mps.") from None
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if device.type != "cpu" and not (backend and backend.is_available()):
         raise ValueError(
-            f"cannot measure device {args.device!r}: {str(error).splitlines()[0]}"
-        ) from None
-    ridge = {dtype: rate / result.bandwidth for dtype, rate in result.flops.items()}
+            f"device {name!r} is not available to this torch ({torch.__version__}); use --device cpu."
+        )
+    return device
+
+
+def run_info(args) -> int:
+    device = _usable_device(args.device)
+    try:
+        result = measure(device, quick=args.quick)
+    except (RuntimeError, AssertionError) as error:  # torch's answer to a device it cannot use
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"cannot measure device {args.device!r}: {first_line}") from None
+    ridge = {dtype: cost.ridge_point(result.as_hardware(), dtype) for dtype in result.flops}
     if args.json:
         print(json.dumps({**dataclasses.asdict(result), "ridge_point": ridge}, indent=2))
         return 0
@@ -125,7 +152,8 @@ def run_info(args) -> int:
         (
             "bandwidth",
             f"{si(result.bandwidth, 'B/s')}  (read {si(result.read_bandwidth, 'B/s')}, "
-            f"copy {si(result.copy_bandwidth, 'B/s')}, over {human_bytes(result.working_set_bytes)})",
+            f"copy {si(result.copy_bandwidth, 'B/s')}, "
+            f"over {human_bytes(result.working_set_bytes)})",
         ),
     ]
     rows += [
@@ -152,15 +180,11 @@ def add_calc_parser(subparsers) -> None:
         help=f"one of: {', '.join(HARDWARE_CATALOG)}, or '{MEASURED_NAME}' to measure this machine",
     )
     parser.add_argument(
-        "--dtype", default="bf16", help="weight dtype (default bf16), e.g. fp32, int8, int4, q4_1"
+        "--dtype", default="bf16", help="weight dtype, e.g. fp32, bf16, int8, int4, q4_1"
     )
     parser.add_argument("--kv-dtype", help="KV cache dtype (default: the compute dtype)")
-    parser.add_argument(
-        "--context", type=int, default=1024, help="tokens per sequence (default 1024)"
-    )
-    parser.add_argument(
-        "--batch", type=int, default=1, help="sequences decoded together (default 1)"
-    )
+    parser.add_argument("--context", type=int, default=1024, help="tokens per sequence")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     parser.add_argument(
         "--kv-heads", type=int, help="override the model's KV heads (MHA/GQA/MQA what-ifs)"
     )
@@ -174,6 +198,7 @@ def add_calc_parser(subparsers) -> None:
 def run_calc(args) -> int:
     hardware = args.hardware
     if hardware.strip().lower() == MEASURED_NAME:
+        require_extra("engine", f"--hardware {MEASURED_NAME} (measuring this machine)")
         hardware = measure(quick=args.quick).as_hardware()
     hardware = get_hardware(hardware)
     result = cost.calc(
@@ -231,46 +256,64 @@ def run_calc(args) -> int:
 # ---- wiring ------------------------------------------------------------------------------------
 
 
-def _plugin_modules(command: str | None) -> list:
-    """Import the plugin modules needed: the one that provides `command`, or all of them."""
-    if command in PLUGIN_COMMANDS:
-        wanted = [PLUGIN_COMMANDS[command]]
-    else:  # help, no command, or a typo: list every command there is
-        wanted = list(dict.fromkeys(PLUGIN_COMMANDS.values()))
-    modules = []
-    for name in wanted:
-        if importlib.util.find_spec(name) is None:  # not written yet
-            continue
-        module = importlib.import_module(name)
-        if hasattr(module, "register_cli"):
-            modules.append(module)
-    return modules
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for `command`; for any other word (or none) a parser that lists every command.
+
+    Only the module of `command` is imported, and only after its extra is checked, so neither
+    `memwall --help` nor `memwall calc` needs torch.
+    """
     parser = _Parser(prog="memwall", description="Why LLM inference is bound by bytes, not FLOPs.")
+    parser.add_argument("--version", action="version", version=f"memwall {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_info_parser(subparsers)
-    add_calc_parser(subparsers)
-    if command not in ("info", "calc"):
-        for module in _plugin_modules(command):
-            module.register_cli(subparsers)
+    if command in COMMANDS and COMMANDS[command].module is not None:
+        spec = COMMANDS[command]
+        require_extra(spec.extra, f"`memwall {command}`")
+        importlib.import_module(spec.module).register_cli(subparsers)
+        return parser
+    for name, spec in COMMANDS.items():
+        if name == "info":
+            add_info_parser(subparsers)
+        elif name == "calc":
+            add_calc_parser(subparsers)
+        else:  # listed, not imported: a placeholder that only carries the help line
+            subparsers.add_parser(name, help=_listed_help(spec))
     return parser
+
+
+def _listed_help(spec: Command) -> str:
+    if spec.extra is None:
+        return spec.help
+    installed = "" if not missing_modules(spec.extra) else ", not installed"
+    return f"{spec.help} [memwall[{spec.extra}]{installed}]"
 
 
 def _command_in(argv: list[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+def _silence_broken_pipe() -> int:
+    """`memwall calc | head -1`: the reader left; say nothing (the recipe in Python's docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the final flush at exit cannot fail again
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        parser = build_parser(_command_in(argv))
+        command = _command_in(argv)
+        parser = build_parser(command)
         args = parser.parse_args(argv)
         if getattr(args, "run", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
-        return args.run(args) or 0
+        if args.command == "info":
+            require_extra(COMMANDS["info"].extra, "`memwall info`")
+        code = args.run(args) or 0
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler below
+        return code
+    except BrokenPipeError:
+        return _silence_broken_pipe()
     except (UsageError, ValueError) as error:
         message = str(error) if isinstance(error, UsageError) else f"memwall: error: {error}"
         print(message, file=sys.stderr)

@@ -17,12 +17,12 @@ Pure arithmetic: no torch, so the book's calculators and widgets stay instant.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from memwall.hardware import Hardware, get_hardware
 from memwall.specs import ModelSpec, get_spec
+from memwall.validate import count
 
 # Bytes per stored element. Q4_1 (llama.cpp/GGUF) packs 32 weights as 4-bit codes plus an fp16
 # scale and an fp16 minimum: 16 + 2 + 2 = 20 bytes per 32 weights, i.e. 5 bits per weight.
@@ -66,19 +66,6 @@ def compute_dtype_for(weight_dtype: str) -> str:
 # ---- input checks ------------------------------------------------------------------------------
 
 
-def _count(name: str, value, minimum: int) -> int:
-    """`value` as an int >= minimum; ints and numpy ints pass, floats and bools don't."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}.")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}.") from None
-    if number < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {number}.")
-    return number
-
-
 def _check_context(spec: ModelSpec, tokens: int) -> None:
     if tokens > spec.max_context:
         raise ValueError(
@@ -110,7 +97,7 @@ def expected_experts_touched(spec: ModelSpec | str, tokens: int = 1) -> float:
     reads nearly all E, which is why MoE decode gets less from batching than a dense model.
     """
     spec = get_spec(spec)
-    tokens = _count("tokens", tokens, 1)
+    tokens = count("tokens", tokens, 1)
     if spec.n_experts == 1:
         return 1.0
     miss_one = 1 - spec.n_active_experts / spec.n_experts
@@ -131,7 +118,7 @@ def weight_bytes(
     For a mixture of experts only the experts the step's tokens touch are read.
     """
     spec = get_spec(spec)
-    tokens = _count("tokens", tokens, 1)
+    tokens = count("tokens", tokens, 1)
     untouched_experts = spec.n_experts - expected_experts_touched(spec, tokens)
     params = spec.n_params - spec.n_layers * untouched_experts * spec.n_ffn_params_per_expert
     if not count_input_embedding:
@@ -158,7 +145,7 @@ def kv_cache_bytes(
 ) -> float:
     """Bytes of KV cache for `batch` sequences of `context` tokens each."""
     spec = get_spec(spec)
-    context, batch = _count("context", context, 0), _count("batch", batch, 1)
+    context, batch = count("context", context, 0), count("batch", batch, 1)
     _check_context(spec, context)
     return batch * context * kv_bytes_per_token(spec, kv_dtype)
 
@@ -251,8 +238,8 @@ def step(
       With a causal mask the i-th new token (from 1) attends context + i positions.
     """
     spec = get_spec(spec)
-    batch, context = _count("batch", batch, 1), _count("context", context, 0)
-    new_tokens = _count("new_tokens", new_tokens, 1)
+    batch, context = count("batch", batch, 1), count("context", context, 0)
+    new_tokens = count("new_tokens", new_tokens, 1)
     _check_context(spec, context + new_tokens)
     compute_dtype = compute_dtype_for(weight_dtype)
     kv_dtype = kv_dtype or compute_dtype
@@ -346,7 +333,7 @@ def memory_budget(
     An upper bound: it ignores activations, fragmentation and the framework's own memory.
     """
     spec, hw = get_spec(spec), get_hardware(hw)
-    context = _count("context", context, 1)
+    context = count("context", context, 1)
     kv_dtype = kv_dtype or compute_dtype_for(weight_dtype)
     free = hw.memory_bytes - weight_storage_bytes(spec, weight_dtype)
     if free <= 0:
@@ -367,8 +354,8 @@ def calc(
     `context` tokens each (so each sequence attends to `context` cached positions, this one included)."""
     spec, hw = get_spec(model), get_hardware(hardware)
     if kv_heads is not None:
-        spec = spec.with_kv_heads(_count("kv_heads", kv_heads, 1))
-    context, batch = _count("context", context, 1), _count("batch", batch, 1)
+        spec = spec.with_kv_heads(count("kv_heads", kv_heads, 1))
+    context, batch = count("context", context, 1), count("batch", batch, 1)
     cost = step(
         spec, batch=batch, context=context - 1, new_tokens=1, weight_dtype=dtype, kv_dtype=kv_dtype
     )

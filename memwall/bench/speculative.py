@@ -16,6 +16,7 @@ Runs plain decoding and speculative decoding of the same model on the same promp
 from __future__ import annotations
 
 from memwall.bench import harness, workload
+from memwall.validate import count
 
 PROMPTS = {
     # Copying text is where prompt lookup shines: the answer is in the prompt.
@@ -63,8 +64,8 @@ def bench_speculative(
     from memwall.engine.drafts import parse_draft
     from memwall.engine.speculative import expected_tokens_per_pass, speculative_generate
 
-    harness.check_count("k", k, 1)
-    harness.check_count("new_tokens", new_tokens, 2)
+    count("k", k, 1)
+    count("new_tokens", new_tokens, 2)
     if isinstance(model, str):
         device = harness.resolve_device(device)
         dtype = harness.resolve_dtype(dtype, device)

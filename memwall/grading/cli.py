@@ -68,10 +68,10 @@ def run_exercises(args) -> int:
     from memwall.grading.sync import notebooks_in, read_notebook, sync_exercises
     from memwall.grading.validate import validate_solution
 
-    problems = {
-        str(path): validate_solution(read_notebook(path))
-        for path in notebooks_in(Path(args.solutions))
-    }
+    solutions = notebooks_in(Path(args.solutions)) if Path(args.solutions).is_dir() else []
+    if not solutions:  # "in sync" with nothing would be a false all-clear
+        raise ValueError(f"no solution notebooks in {args.solutions!r} (use --solutions DIR)")
+    problems = {str(path): validate_solution(read_notebook(path)) for path in solutions}
     problems = {path: found for path, found in problems.items() if found}
     out_of_sync = sync_exercises(args.solutions, args.exercises, check=args.check)
     if args.json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 
@@ -10,9 +11,9 @@ def register_cli(subparsers):
     parser = subparsers.add_parser(
         "serve", help="serve memwall's engine over an OpenAI-compatible HTTP API"
     )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="smollm2-135m", help="model name or hub id")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.set_defaults(run=run_serve)
 
 
@@ -21,17 +22,19 @@ def add_bench_serve(bench_subparsers):
         "serve", help="TTFT/TPOT of an OpenAI-compatible endpoint under load"
     )
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     parser.add_argument("--requests", type=int, default=8, help="stop after this many requests")
     parser.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to ask for per request")
     parser.add_argument(
-        "--prompt", default="Explain why decoding a language model is limited by memory bandwidth."
+        "--prompt",
+        default="Explain why decoding a language model is limited by memory bandwidth.",
+        help="the prompt every request sends",
     )
     parser.add_argument(
         "--served-model", default=None, help="the 'model' field to send, if the server needs one"
     )
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run_bench_serve)
 
 
@@ -40,10 +43,14 @@ def run_serve(args):
     from memwall.engine import Transformer
     from memwall.serving.server import start_server
 
+    ensure_port_free(args.host, args.port)  # before the slow model load
     hf_model, tokenizer = models.load(args.model)
-    server = start_server(
-        Transformer.from_hf(hf_model), tokenizer, args.model, args.host, args.port
-    )
+    try:
+        server = start_server(
+            Transformer.from_hf(hf_model), tokenizer, args.model, args.host, args.port
+        )
+    except OSError as error:  # taken meanwhile, or an address this machine does not have
+        raise ValueError(f"cannot serve on {args.host}:{args.port}: {error.strerror}") from None
     print(
         f"memwall serving {args.model} at http://{args.host}:{server.server_port}/v1 (Ctrl-C to stop)"
     )
@@ -52,6 +59,18 @@ def run_serve(args):
     except KeyboardInterrupt:
         server.shutdown()
     return 0
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """A ValueError naming the port when something already listens there (or it is not ours)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself does
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(
+                f"cannot serve on {host}:{port}: {error.strerror}; choose another --port."
+            ) from None
 
 
 def run_bench_serve(args):
