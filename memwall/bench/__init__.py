@@ -17,13 +17,12 @@ Write `memwall/bench/batch.py` with a Python function that returns a dict, and
         parser.set_defaults(run=run_cli)      # run_cli(args) -> exit code
 
 Use `harness.run_interleaved` for the timing and `harness.print_result` for the output. If the
-module name is listed in SUBCOMMANDS it is picked up; modules that do not exist (yet) are skipped.
+module name is listed in SUBCOMMANDS it is picked up.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 
 from memwall.bench.decode import bench_decode
@@ -40,7 +39,7 @@ SUBCOMMANDS = {
 
 
 def register_cli(subparsers) -> None:
-    """Add `memwall bench` and, under it, every benchmark whose module exists."""
+    """Add `memwall bench` and, under it, every benchmark in SUBCOMMANDS."""
     parser = subparsers.add_parser(
         "bench",
         help="measure decode speed against transformers and the roofline",
@@ -48,11 +47,7 @@ def register_cli(subparsers) -> None:
     )
     benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     for module_name in SUBCOMMANDS.values():
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        module = importlib.import_module(module_name)
-        if hasattr(module, "add_cli"):
-            module.add_cli(benchmarks)
+        importlib.import_module(module_name).add_cli(benchmarks)
 
     def run_without_benchmark(args) -> int:
         parser.print_help(sys.stderr)
