@@ -6,6 +6,8 @@
 - `probe`: the roofline measured with the work: `RooflineProbe` reads a buffer well above the
   last-level cache right before each timed repeat; fractions come from adjacent (probe, work) pairs.
 - `decode`: `bench_decode(...) -> dict` and `memwall bench decode`.
+- `records`: `recorded(name)` loads benchmarks/results/<name>.json with a note saying whether it
+  was recorded on a machine like this one; `save_record(result, name)` writes one, fingerprinted.
 
 Adding a benchmark (e.g. `memwall bench batch`)
 -----------------------------------------------
@@ -26,8 +28,9 @@ import importlib
 import sys
 
 from memwall.bench.decode import bench_decode
+from memwall.bench.records import recorded, save_record
 
-__all__ = ["SUBCOMMANDS", "bench_decode", "register_cli"]
+__all__ = ["SUBCOMMANDS", "bench_decode", "recorded", "register_cli", "save_record"]
 
 # benchmark -> module whose add_cli(bench_subparsers) adds it.
 SUBCOMMANDS = {
