@@ -150,3 +150,78 @@ def test_smollm2_continuous_batching_matches_solo_decoding(smollm2, smollm2_engi
     results = Scheduler(smollm2_engine, n_blocks=8, block_size=8, max_batch=2).run(requests)
     for result, request in zip(results, requests):
         assert result.tokens == solo(smollm2_engine, request)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16])
+def test_chunked_prefill_changes_no_output_and_bounds_prefill_per_step(tiny_engine, chunk):
+    requests = stream(8, seed=5, max_prompt=40, every=1)
+    scheduler = Scheduler(tiny_engine, n_blocks=64, block_size=4, max_batch=4, prefill_chunk=chunk)
+    prefilled_per_step, model = [], scheduler.model
+    real_forward = model.forward
+
+    def counting_forward(tokens, *args, **kwargs):
+        if tokens.shape[1] > 1 or kwargs.get("last_only"):
+            prefilled_per_step[-1] += tokens.numel()
+        return real_forward(tokens, *args, **kwargs)
+
+    real_step = scheduler.step
+
+    def counting_step():
+        prefilled_per_step.append(0)
+        return real_step()
+
+    model.forward, scheduler.step = counting_forward, counting_step
+    try:
+        results = scheduler.run(requests)
+    finally:
+        del model.forward
+    for result, request in zip(results, requests):
+        assert result.tokens == solo(tiny_engine, request)
+    assert max(prefilled_per_step) <= chunk
+    assert sum(prefilled_per_step) == sum(len(r.prompt) for r in requests)
+    assert scheduler.cache.blocks.n_free == 64
+
+
+def test_a_long_prompt_in_chunks_lets_the_others_keep_decoding(tiny_engine):
+    short = Request("short", [1, 2, 3], 20)
+    long = Request("long", list(range(100)), 4, arrival_step=3)
+    whole = {r.request_id: r for r in Scheduler(tiny_engine, 64, 4).run([short, long])}
+    chunked = Scheduler(tiny_engine, 64, 4, prefill_chunk=25)
+    results = {r.request_id: r for r in chunked.run([short, long])}
+    # Whole: the long prompt's first token comes in the step it arrives; chunked: four steps later,
+    # and the short request made a token in each of those steps.
+    assert whole["long"].first_token_step == 3 and results["long"].first_token_step == 6
+    # (step 0 only prefilled, so batch_sizes[k] is step k + 1's decode)
+    assert chunked.batch_sizes[2:7] == [1, 1, 1, 1, 2]
+    assert results["short"].tokens == whole["short"].tokens == solo(tiny_engine, short)
+
+
+def test_abort_frees_blocks_and_reasons_are_recorded(tiny_engine):
+    seen = []
+    scheduler = Scheduler(
+        tiny_engine, 64, 4, max_batch=1, on_token=lambda r, t, why: seen.append((r.request_id, why))
+    )
+    running = scheduler.submit(Request("run", [1, 2, 3], 50))
+    waiting = scheduler.submit(Request("wait", [4, 5], 3))
+    scheduler.step(), scheduler.step()
+    assert scheduler.cache.blocks.n_free < 64 and len(running.tokens) == 2
+    assert scheduler.abort("run") is running and running.finish_reason == "abort"
+    assert scheduler.abort("nobody") is None
+    while not scheduler.idle:
+        scheduler.step()
+    assert waiting.finish_reason == "length" and seen[-1] == ("wait", "length")
+    assert scheduler.cache.blocks.n_free == 64
+    scheduler.submit(Request("queued", [1], 3))
+    assert scheduler.abort("queued").finish_reason == "abort" and scheduler.idle
+
+
+def test_sampled_requests_are_repeatable_whatever_their_batch(tiny_engine):
+    from memwall.engine import Sampling
+
+    def draw(seed, companions):
+        requests = [Request("s", [9, 8, 7], 12, sampling=Sampling(1.5, 1.0, seed))]
+        requests += [Request(i, [i + 1] * (i + 2), 12) for i in range(companions)]
+        return Scheduler(tiny_engine, 64, 4).run(requests)[0].tokens
+
+    assert draw(3, 0) == draw(3, 3)
+    assert draw(3, 0) != draw(4, 0)

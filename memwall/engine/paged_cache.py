@@ -86,15 +86,12 @@ class PagedKVCache:
         positions = starts[:, None] + torch.arange(new_tokens)[None, :]
         keys = int(starts.max()) + new_tokens
         # Each key position's slot, through the block tables. Positions past a sequence's end point
-        # at its first block: they are masked out, so any valid slot will do.
+        # at its first block: they are masked out, so any valid slot will do. A table may also hold
+        # blocks reserved ahead (a prompt being prefilled in chunks); those are cut off.
         bs = self.blocks.block_size
         width = self.blocks.blocks_for(keys)
         tables = torch.tensor(
-            [
-                self.blocks.tables[s]
-                + self.blocks.tables[s][:1] * (width - len(self.blocks.tables[s]))
-                for s in seq_ids
-            ]
+            [(self.blocks.tables[s] + self.blocks.tables[s][:1] * width)[:width] for s in seq_ids]
         )
         key_pos = torch.arange(keys)
         read = tables[:, key_pos // bs] * bs + key_pos % bs  # [batch, keys]

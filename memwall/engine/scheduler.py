@@ -6,16 +6,26 @@ Continuous (iteration-level) batching schedules every step: a request that finis
 and a waiting one joins at the next step, so the batch stays full without ever draining.
 
 One `step()` here does, in order:
-1. one batched decode step for every running request (one token each); requests that hit a stop
-   token or their max_new_tokens retire at once and their blocks go back to the free list;
+1. one batched decode step for every running request whose prompt is in the cache (one token
+   each); requests that hit a stop token or their max_new_tokens retire at once and their blocks
+   go back to the free list;
 2. admit waiting requests (first come, first served) while the batch has room and the cache has
-   blocks for their prompt; each is prefilled on its own, yields its first token, and decodes with
-   the others from the next step on.
+   blocks for their whole prompt, which are reserved on admission;
+3. prefill: without `prefill_chunk`, every newly admitted prompt is prefilled whole, so a long
+   prompt stalls everyone's next token for its whole prefill. With `prefill_chunk=N`, at most N
+   prompt tokens are prefilled per step (chunked prefill, Agrawal et al. 2024, "Sarathi"), so the
+   stall per step is bounded and a long prompt takes several steps. Sarathi fuses the chunk into
+   the decode batch to share one weight read; here the chunk is its own forward pass, which is
+   simpler and bounds the stall just the same. A request yields its first token when its last
+   chunk is done, and decodes with the others from the next step on.
 If a decode step needs a block and none is free, the most recently admitted request is preempted:
 its blocks are freed and it goes back to the front of the queue with the tokens it has generated,
-to be prefilled again later (vLLM's "recompute" preemption). A request is never dropped: either it
-finishes or `submit` refuses it up front, because its prompt plus max_new_tokens can never fit.
-Greedy decoding only, so every request's output equals decoding it alone.
+to be prefilled again later (vLLM's "recompute" preemption). A request is never dropped: it
+finishes, is aborted by its owner (`abort`), or `submit` refuses it up front because its prompt
+plus max_new_tokens can never fit. Greedy requests get exactly the tokens of decoding them alone;
+sampled ones draw from their own seeded generator, so their batch-mates do not change their draws.
+
+This is the one decode loop behind the `memwall serve` server (`memwall.serving.engine_loop`).
 """
 
 from __future__ import annotations
@@ -28,8 +38,10 @@ import torch
 
 from memwall.engine.block_manager import MemoryUse, OutOfBlocks
 from memwall.engine.paged_cache import PagedKVCache
+from memwall.engine.sampling import Sampling, make_generator, sample
 
 MODES = ("continuous", "static")
+FINISH_REASONS = ("stop", "length", "abort")  # the OpenAI names, plus a request its owner dropped
 
 
 @dataclass
@@ -39,6 +51,7 @@ class Request:
     max_new_tokens: int
     arrival_step: int = 0  # the step at which it arrives (used by `run`)
     stop_tokens: tuple = ()
+    sampling: Sampling = Sampling()  # greedy unless told otherwise
 
 
 @dataclass
@@ -50,6 +63,7 @@ class Result:
     first_token_step: int | None = None
     finish_step: int | None = None
     preemptions: int = 0
+    finish_reason: str | None = None  # one of FINISH_REASONS once it is done
 
 
 @dataclass
@@ -57,6 +71,13 @@ class _Running:
     request: Request
     result: Result
     admitted_step: int
+    generator: torch.Generator | None = None
+    context: list[int] = field(default_factory=list)  # what its prefill must put in the cache
+    prefilled: int = 0  # tokens of `context` already in the cache
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.context)
 
 
 class Scheduler:
@@ -67,12 +88,19 @@ class Scheduler:
         block_size: int = 16,
         max_batch: int = 8,
         mode: str = "continuous",
+        prefill_chunk: int | None = None,
+        on_token=None,
     ):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None for whole), got {prefill_chunk}")
         self.model, self.mode, self.max_batch = model, mode, max_batch
+        self.prefill_chunk = prefill_chunk
+        # on_token(result, token, finish_reason or None) is called for every token as it is made.
+        self.on_token = on_token
         self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
         self.device = next(model.parameters()).device
         self.waiting: deque[_Running] = deque()
@@ -96,7 +124,7 @@ class Scheduler:
             )
         if any(r.request.request_id == request.request_id for r in (*self.waiting, *self.running)):
             raise ValueError(f"request id {request.request_id!r} is already queued or running")
-        limit = min(self.cache.blocks.capacity_tokens, self.model.max_positions)
+        limit = self.max_tokens_per_request
         if prompt + new > limit:
             raise ValueError(
                 f"request {request.request_id!r} can never fit: prompt ({prompt}) + max_new_tokens "
@@ -105,8 +133,26 @@ class Scheduler:
                 f"context {self.model.max_positions}). Shorten it or give the cache more blocks."
             )
         result = Result(request.request_id, arrival_step=request.arrival_step)
-        self.waiting.append(_Running(request, result, admitted_step=-1))
+        generator = make_generator(request.sampling, self.device)
+        self.waiting.append(_Running(request, result, admitted_step=-1, generator=generator))
         return result
+
+    @property
+    def max_tokens_per_request(self) -> int:
+        """Prompt + new tokens of the longest request that could ever run alone."""
+        return min(self.cache.blocks.capacity_tokens, self.model.max_positions)
+
+    def abort(self, request_id) -> Result | None:
+        """Drop a waiting or running request and free its blocks; None if it is not here."""
+        for entry in self.waiting:
+            if entry.request.request_id == request_id:
+                self.waiting.remove(entry)
+                entry.result.finish_reason, entry.result.finish_step = "abort", self.step_index
+                return entry.result
+        for entry in self.running:
+            if entry.request.request_id == request_id:
+                return self._retire(entry, "abort")
+        return None
 
     @property
     def idle(self) -> bool:
@@ -116,12 +162,12 @@ class Scheduler:
 
     @torch.inference_mode()
     def step(self) -> list[Result]:
-        """Admit, prefill, decode and retire once; return the requests that finished."""
+        """Decode, admit, prefill and retire once; return the requests that finished."""
         start = time.perf_counter()
-        finished = (
-            self._decode()
-        )  # the requests already running decode first: newcomers got a token in prefill
-        finished += self._admit()
+        # The running requests decode first: a newcomer gets its first token from its prefill.
+        finished = self._decode()
+        self._admit()
+        finished += self._prefill()
         self.step_times_s.append(time.perf_counter() - start)
         self.memory.append(self.cache.blocks.memory_use())
         self.reserved_if_contiguous.append(
@@ -130,59 +176,91 @@ class Scheduler:
         self.step_index += 1
         return finished
 
-    def _admit(self) -> list[Result]:
+    def _admit(self) -> None:
         if self.mode == "static" and self.running:
-            return []  # static batching: nobody joins until the batch has drained
-        finished = []
+            return  # static batching: nobody joins until the batch has drained
+        blocks = self.cache.blocks
         while self.waiting and len(self.running) < self.max_batch:
             entry = self.waiting[0]
             context = entry.request.prompt + entry.result.tokens  # a preempted request resumes here
-            if self.cache.blocks.blocks_for(len(context)) > self.cache.blocks.n_free:
+            if blocks.blocks_for(len(context)) > blocks.n_free:
                 break  # first come, first served: wait for blocks rather than let others overtake
             self.waiting.popleft()
             seq_id = entry.request.request_id
             self.cache.add_sequence(seq_id)
-            positions, mask = self.cache.begin([seq_id], len(context))
-            tokens = torch.tensor([context], device=self.device)
-            logits = self.model(tokens, self.cache, positions=positions, mask=mask, last_only=True)
+            blocks.reserve([seq_id], len(context))  # the whole prompt's blocks, held from now on
+            entry.context, entry.prefilled = context, 0
             entry.admitted_step = self.step_index
             self.running.append(entry)
-            if self._append(entry, int(logits[0, -1].argmax())):
-                finished.append(self._retire(entry))
+
+    def _prefill(self) -> list[Result]:
+        budget = self.prefill_chunk or float("inf")
+        finished = []
+        for entry in [r for r in self.running if r.prefilling]:
+            if budget <= 0:
+                break
+            seq_id, start = entry.request.request_id, entry.prefilled
+            count = int(min(budget, len(entry.context) - start))
+            positions, mask = self.cache.begin([seq_id], count)
+            tokens = torch.tensor([entry.context[start : start + count]], device=self.device)
+            logits = self.model(tokens, self.cache, positions=positions, mask=mask, last_only=True)
+            entry.prefilled, budget = start + count, budget - count
+            if not entry.prefilling:  # the last chunk: its logits give the next token
+                done = self._record(entry, self._choose([entry], logits[:, -1])[0])
+                finished += [done] if done else []
         return finished
 
     def _decode(self) -> list[Result]:
-        if not self.running:
-            return []
         while True:
+            batch = [r for r in self.running if not r.prefilling]
+            if not batch:
+                return []
             try:
-                positions, mask = self.cache.begin([r.request.request_id for r in self.running], 1)
+                positions, mask = self.cache.begin([r.request.request_id for r in batch], 1)
                 break
             except OutOfBlocks:
                 self._preempt_newest()
-        self.batch_sizes.append(len(self.running))
-        last = torch.tensor([[r.result.tokens[-1]] for r in self.running], device=self.device)
+        self.batch_sizes.append(len(batch))
+        last = torch.tensor([[r.result.tokens[-1]] for r in batch], device=self.device)
         logits = self.model(last, self.cache, positions=positions, mask=mask)
         finished = []
-        for entry, token in zip(list(self.running), logits[:, -1].argmax(-1).tolist()):
-            if self._append(entry, token):
-                finished.append(self._retire(entry))
+        for entry, token in zip(batch, self._choose(batch, logits[:, -1])):
+            done = self._record(entry, token)
+            finished += [done] if done else []
         return finished
 
-    def _append(self, entry: _Running, token: int) -> bool:
-        """Record a generated token; True if the request is now finished."""
+    def _choose(self, entries: list[_Running], logits: torch.Tensor) -> list[int]:
+        """The next token of each entry from its logits row [batch, vocab]: one argmax for the
+        greedy rows, each sampled row from its own generator. `.tolist()` waits for the device."""
+        tokens = logits.argmax(-1)
+        for row, entry in enumerate(entries):
+            if not entry.request.sampling.greedy:
+                tokens[row] = sample(
+                    logits[row : row + 1], entry.request.sampling, entry.generator
+                )[0]
+        return tokens.tolist()
+
+    def _record(self, entry: _Running, token: int) -> Result | None:
+        """Append a generated token; retire the request if that finished it (returned)."""
         result = entry.result
         result.tokens.append(token)
         if result.first_token_step is None:
             result.first_token_step = self.step_index
-        return (
-            len(result.tokens) >= entry.request.max_new_tokens or token in entry.request.stop_tokens
-        )
+        reason = None
+        if token in entry.request.stop_tokens:
+            reason = "stop"
+        elif len(result.tokens) >= entry.request.max_new_tokens:
+            reason = "length"
+        if reason:
+            self._retire(entry, reason)
+        if self.on_token is not None:
+            self.on_token(result, token, reason)
+        return result if reason else None
 
-    def _retire(self, entry: _Running) -> Result:
+    def _retire(self, entry: _Running, reason: str) -> Result:
         self.running.remove(entry)
         self.cache.free_sequence(entry.request.request_id)
-        entry.result.finish_step = self.step_index
+        entry.result.finish_step, entry.result.finish_reason = self.step_index, reason
         return entry.result
 
     def _preempt_newest(self) -> None:

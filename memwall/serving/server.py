@@ -1,78 +1,65 @@
-"""A minimal OpenAI-compatible completions server for memwall's engine, with streaming.
+"""`memwall serve`: an OpenAI-compatible HTTP server on the engine's continuous-batching scheduler.
 
-It serves one request at a time (a lock around the engine), so under concurrency the queueing
-shows up in the time to first token, as it would on any server without batching. It exists so
-that `memwall bench serve` can be tested offline against a real streaming endpoint; for serious
-serving use vLLM, SGLang or llama.cpp and point the same benchmark at them.
+Endpoints: GET /v1/models, POST /v1/completions and /v1/chat/completions (streamed as server-sent
+events or not), plus GET /health and /stats (running, waiting, free KV blocks, mean batch).
 
-Endpoints: POST /v1/completions and /v1/chat/completions (fields: prompt or messages,
-max_tokens, temperature, top_p, seed, stream), GET /v1/models.
+Each HTTP connection gets a thread (stdlib `ThreadingHTTPServer`) that checks the request
+(`api.parse`), hands it to the one engine thread (`engine_loop.EngineLoop`), and turns the tokens
+that come back into text (`text.TextStream`). Concurrent requests are therefore decoded together,
+one batched forward pass per step, and the batch changes at step boundaries. A client that goes
+away (a failed write, or a closed socket noticed while waiting) has its request aborted, which
+frees its KV blocks at the next step boundary.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import queue
+import select
+import socket
 import threading
-import time
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from memwall.engine import Sampling, Transformer, decode_step, prefill, sample
-from memwall.engine.sampling import make_generator
+from memwall.serving import api
+from memwall.serving.engine_loop import EngineLoop, QueueFull
+from memwall.serving.text import TextStream
 
-MAX_TOKENS_LIMIT = 4096
+MAX_BODY_BYTES = 4 * 2**20  # larger bodies get 413 without being read
+POLL_S = 0.2  # how often a waiting handler checks whether its client is still there
+RETRY_AFTER_S = 1
 
 
-class EngineService:
-    """Turns request fields into streamed text pieces, one engine call at a time."""
+class ClientGone(Exception):
+    pass
 
-    def __init__(self, engine: Transformer, tokenizer, model_name: str):
-        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
-        self.lock = threading.Lock()
 
-    def prompt_ids(self, body: dict, chat: bool) -> list[int]:
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("'messages' must be a non-empty list")
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+class Service:
+    """What the handlers share: the engine loop, the tokenizer and the model's name."""
+
+    def __init__(self, loop: EngineLoop, tokenizer, model_name: str, vocab_size: int):
+        self.loop, self.tokenizer, self.model_name = loop, tokenizer, model_name
+        self.vocab_size = vocab_size
+        self.eos = getattr(tokenizer, "eos_token_id", None)
+        self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to share freely
+
+    def parse(self, body, chat: bool) -> api.Params:
+        with self._tokenizer_lock:
+            return api.parse(
+                body,
+                chat,
+                self.tokenizer,
+                self.model_name,
+                self.loop.max_tokens_per_request,
+                self.vocab_size,
             )
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("'prompt' must be a non-empty string")
-        return self.tokenizer(prompt).input_ids
 
-    def stream(self, ids: list[int], max_tokens: int, sampling: Sampling):
-        """Yield (token_id, text piece) as the engine produces them."""
-        import torch
-
-        if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-            raise ValueError(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}")
-        if len(ids) + max_tokens > self.engine.max_positions:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens exceeds the context of "
-                f"{self.engine.max_positions}"
-            )
-        stop = {self.tokenizer.eos_token_id}
-        with self.lock, torch.inference_mode():
-            cache = self.engine.new_cache(max_tokens=len(ids) + max_tokens)
-            generator = make_generator(sampling, "cpu")
-            token = sample(prefill(self.engine, torch.tensor([ids]), cache), sampling, generator)
-            produced: list[int] = []
-            for _ in range(max_tokens):
-                token_id = int(token)
-                if token_id in stop:
-                    return
-                # Decode the running text and emit the new suffix, so multi-token characters come out whole.
-                before = self.tokenizer.decode(produced)
-                produced.append(token_id)
-                yield token_id, self.tokenizer.decode(produced)[len(before) :]
-                if len(produced) < max_tokens:
-                    token = sample(decode_step(self.engine, token, cache), sampling, generator)
+    def decode(self, ids) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def make_handler(service: EngineService):
+def make_handler(service: Service):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -80,99 +67,195 @@ def make_handler(service: EngineService):
             pass
 
         def do_GET(self):
-            if self.path.rstrip("/") == "/v1/models":
-                self._json(
-                    200, {"object": "list", "data": [{"id": service.model_name, "object": "model"}]}
-                )
-            else:
-                self._json(404, {"error": {"message": f"no route {self.path}"}})
+            route = self.path.rstrip("/")
+            if route == "/v1/models":
+                model = {"id": service.model_name, "object": "model", "owned_by": "memwall"}
+                return self._json(200, {"object": "list", "data": [model | {"created": 0}]})
+            if route in ("/health", "/stats"):
+                return self._json(200, service.loop.stats())
+            self._error(api.ApiError(404, f"no route GET {self.path}", code="not_found"))
 
         def do_POST(self):
-            chat = self.path.rstrip("/") == "/v1/chat/completions"
-            if not chat and self.path.rstrip("/") != "/v1/completions":
-                return self._json(404, {"error": {"message": f"no route {self.path}"}})
+            route = self.path.rstrip("/")
+            if route not in ("/v1/completions", "/v1/chat/completions"):
+                return self._error(
+                    api.ApiError(404, f"no route POST {self.path}", code="not_found")
+                )
             try:
-                body = json.loads(
-                    self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"
+                params = service.parse(self._read_json(), chat=route.endswith("chat/completions"))
+                stop_tokens = () if params.ignore_eos or service.eos is None else (service.eos,)
+                ticket = service.loop.submit(
+                    params.prompt_ids, params.max_tokens, params.sampling, stop_tokens
                 )
-                ids = service.prompt_ids(body, chat)
-                sampling = Sampling(
-                    float(body.get("temperature", 0.0)),
-                    float(body.get("top_p", 1.0)),
-                    body.get("seed"),
-                )
-                pieces = service.stream(ids, int(body.get("max_tokens", 16)), sampling)
-                if body.get("stream"):
-                    self._stream(pieces, chat, len(ids))
-                else:
-                    text = "".join(piece for _, piece in pieces)
-                    self._json(200, _completion(service.model_name, text, chat, len(ids)))
-            except (ValueError, TypeError, json.JSONDecodeError) as error:
-                self._json(400, {"error": {"message": str(error), "type": "invalid_request_error"}})
+            except api.ApiError as error:
+                return self._error(error)
+            except QueueFull as error:
+                return self._error(api.ApiError(503, str(error), code="queue_full"), retry=True)
+            except ValueError as error:
+                return self._error(api.bad(str(error)))
+            try:
+                (self._stream if params.stream else self._complete)(params, ticket, stop_tokens)
+            except (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError):
+                service.loop.abort(ticket.request_id)
+                self.close_connection = True
 
-        def _json(self, status, payload):
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        # ---- reading ---------------------------------------------------------------------------
 
-        def _stream(self, pieces, chat, prompt_tokens):
+        def _read_json(self):
+            try:
+                length = int(self.headers.get("Content-Length", 0))
+            except ValueError:
+                raise api.bad("bad Content-Length header") from None
+            if length > MAX_BODY_BYTES:
+                self.close_connection = True  # the body is left unread
+                raise api.ApiError(413, f"request body over {MAX_BODY_BYTES} bytes")
+            raw = self.rfile.read(length) if length > 0 else b""
+            try:
+                return json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise api.bad(f"the request body is not valid JSON: {error}") from None
+
+        def _events(self, ticket):
+            """(token, finish_reason) pairs until the last; ClientGone if the client left first."""
+            while True:
+                try:
+                    event = ticket.events.get(timeout=POLL_S)
+                except queue.Empty:
+                    if self._client_gone():
+                        raise ClientGone from None
+                    continue
+                if event[0] == "error":
+                    raise RuntimeError(event[1])
+                yield event
+                if event[1] is not None:
+                    return
+
+        def _client_gone(self) -> bool:
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
+        def _pieces(self, params, ticket, stop_tokens):
+            """(text piece, finish_reason or None), ending with a finish reason; the tokens made
+            so far are counted in self.completion_tokens."""
+            text, self.completion_tokens = TextStream(service.decode, params.stop), 0
+            for token, reason in self._events(ticket):
+                self.completion_tokens += 1
+                piece = "" if reason == "stop" and token in stop_tokens else text.add(token)
+                if text.stopped:  # a stop string: the engine may stop working on it
+                    service.loop.abort(ticket.request_id)
+                    yield piece, "stop"
+                    return
+                if reason is not None:
+                    yield piece + text.flush(), reason
+                    return
+                yield piece, None
+
+        # ---- writing ---------------------------------------------------------------------------
+
+        def _complete(self, params, ticket, stop_tokens):
+            try:
+                pieces = list(self._pieces(params, ticket, stop_tokens))
+            except RuntimeError as error:
+                return self._error(api.ApiError(500, f"the engine failed: {error}"))
+            usage = api.usage(ticket.prompt_tokens, self.completion_tokens)
+            text, reason = "".join(p for p, _ in pieces), pieces[-1][1]
+            request_id = api.new_id(params.chat)
+            body = api.completion(params.chat, request_id, service.model_name, text, reason, usage)
+            self._json(200, body)
+
+        def _stream(self, params, ticket, stop_tokens):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            request_id, count = f"cmpl-{uuid.uuid4().hex[:12]}", 0
-            for _, piece in pieces:
-                count += 1
-                chunk = {
-                    "id": request_id,
-                    "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": int(time.time()),
-                    "model": service.model_name,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": None,
-                            **({"delta": {"content": piece}} if chat else {"text": piece}),
-                        }
-                    ],
-                }
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count}
-            self.wfile.write(
-                f"data: {json.dumps({'id': request_id, 'choices': [], 'usage': usage})}\n\n".encode()
-            )
+            self.close_connection = True
+            request_id, model, chat = api.new_id(params.chat), service.model_name, params.chat
+            first, self.completion_tokens = True, 0
+            try:
+                for piece, reason in self._pieces(params, ticket, stop_tokens):
+                    if piece or first:
+                        self._event(api.chunk(chat, request_id, model, piece, first=first))
+                        first = False
+                    if reason is not None:
+                        self._event(api.chunk(chat, request_id, model, finish_reason=reason))
+            except RuntimeError as error:
+                self._event(api.ApiError(500, f"the engine failed: {error}").body())
+            if params.include_usage:
+                usage = api.usage(ticket.prompt_tokens, self.completion_tokens)
+                self._event(api.chunk(chat, request_id, model, token_usage=usage))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-            self.close_connection = True
+
+        def _event(self, payload):
+            self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+            self.wfile.flush()
+
+        def _json(self, status, payload, headers=()):
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in headers:
+                self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, error: api.ApiError, retry=False):
+            headers = [("Retry-After", str(RETRY_AFTER_S))] if retry else []
+            self._json(error.status, error.body(), headers)
 
     return Handler
 
 
-def _completion(model_name, text, chat, prompt_tokens):
-    choice = {"index": 0, "finish_reason": "stop"}
-    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex[:12]}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens},
-    }
+class OpenAIServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the default listen backlog (5) refuses bursts of clients
+
+    def shutdown(self):
+        super().shutdown()
+        self.loop.close()
+        self.server_close()
 
 
 def start_server(
-    engine, tokenizer, model_name="smollm2-135m", host="127.0.0.1", port=0
-) -> ThreadingHTTPServer:
-    """Start serving in a background thread; returns the server (its URL port is server.server_port)."""
-    server = ThreadingHTTPServer(
-        (host, port), make_handler(EngineService(engine, tokenizer, model_name))
+    engine,
+    tokenizer,
+    model_name="smollm2-135m",
+    host="127.0.0.1",
+    port=0,
+    *,
+    kv_tokens: int = 4096,
+    block_size: int = 16,
+    max_batch: int = 8,
+    max_queue: int = 64,
+    prefill_chunk: int | None = None,
+) -> OpenAIServer:
+    """Serve `engine` in background threads; the port is server.server_port, the engine loop is
+    server.loop, and server.shutdown() stops both. The KV cache holds `kv_tokens` token slots."""
+    if kv_tokens < block_size:
+        raise ValueError(f"kv_tokens ({kv_tokens}) must hold at least one block of {block_size}")
+    loop = EngineLoop(
+        engine,
+        n_blocks=math.ceil(kv_tokens / block_size),
+        block_size=block_size,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        prefill_chunk=prefill_chunk,
     )
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    vocab = engine.embed.num_embeddings
+    try:
+        server = OpenAIServer(
+            (host, port), make_handler(Service(loop, tokenizer, model_name, vocab))
+        )
+    except OSError:
+        loop.close()
+        raise
+    server.loop = loop
+    threading.Thread(target=server.serve_forever, name="memwall-http", daemon=True).start()
     return server

@@ -1,0 +1,60 @@
+"""Token ids in, text pieces out, one token at a time, with OpenAI's `stop` strings.
+
+Two things make this more than `tokenizer.decode(token)`:
+- a character can span several tokens (UTF-8 bytes, or SentencePiece's leading spaces), so each
+  piece is the difference between the decoded text so far and what was already sent, and a piece
+  that ends in an incomplete character ("\\ufffd") waits for the next token;
+- a stop string can span several tokens, so text that could be the start of one is held back until
+  the next token shows whether it is. A client never sees any part of a stop string.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"  # what a decoder yields for the first bytes of an unfinished character
+
+
+class TextStream:
+    def __init__(self, decode, stop_strings=()):
+        self.decode = decode  # list[int] -> str
+        self.stop_strings = [s for s in stop_strings if s]
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0  # characters of `text` already handed out
+        self.stopped = False  # a stop string was found: nothing more will be sent
+
+    def add(self, token: int) -> str:
+        """Take one more token; return the text that may be sent now (often '', never a stop)."""
+        if self.stopped:
+            return ""
+        self.ids.append(token)
+        text = self.decode(self.ids)
+        if text.endswith(REPLACEMENT):
+            return ""  # wait for the rest of the character
+        self.text = text
+        hits = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
+        if hits:
+            self.stopped = True
+            return self._send_to(min(hits))
+        return self._send_to(len(text) - self._held_back(text))
+
+    def flush(self) -> str:
+        """The text still held back, once no more tokens will come."""
+        if self.stopped:
+            return ""
+        self.text = self.decode(self.ids) if self.ids else self.text
+        return self._send_to(len(self.text))
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest end of `text` that is a proper start of some stop string."""
+        longest = 0
+        for stop in self.stop_strings:
+            for k in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def _send_to(self, end: int) -> str:
+        piece = self.text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return piece
