@@ -16,6 +16,7 @@ in the temp folder between partial builds; `--no-execute` skips execution altoge
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,12 +117,31 @@ def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookB
     command = [str(jupyter_book) if jupyter_book.exists() else "jupyter-book",
                "build", str(book_root), "-W", "--keep-going", "--all", *extra_args]  # fmt: skip
     started = time.monotonic()
+    # Through a small parent whose only children are the build and, under it, the chapters'
+    # kernels: its RUSAGE_CHILDREN high-water mark is then the largest of them (Binder's budget).
+    command = [sys.executable, "-c", _PEAK_RSS_PARENT, *command]
     result = subprocess.run(command, cwd=book_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", timeout=BUILD_TIMEOUT_S)  # fmt: skip
     log = f"{result.stdout}\nbuild took {time.monotonic() - started:.0f} s\nexit status {result.returncode}\n"
     (book_root / "_build").mkdir(exist_ok=True)
     (book_root / "_build" / "book-build.log").write_text(log)
     return BookBuild(result.returncode, log, book_root / "_build" / "html", reused=False)
+
+
+_PEAK_RSS_PARENT = """
+import resource, subprocess, sys
+code = subprocess.call(sys.argv[1:])
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+print("peak RSS of the build and its kernels (bytes):", peak, flush=True)
+sys.exit(code)
+"""
+PEAK_RSS_LINE = re.compile(r"^peak RSS of the build and its kernels \(bytes\): (\d+)$", re.M)
+
+
+def peak_rss_bytes(log: str) -> int | None:
+    """The largest resident set of any process of the build (the chapters' kernels included)."""
+    match = PEAK_RSS_LINE.search(log)
+    return int(match[1]) if match else None
 
 
 _SESSION_BUILD: BookBuild | None = None

@@ -8,7 +8,14 @@ import html as html_lib
 import re
 
 import pytest
-from book_build import HTML_DIR, built_book, missing_toc_files, toc_files, warning_lines
+from book_build import (
+    HTML_DIR,
+    built_book,
+    missing_toc_files,
+    peak_rss_bytes,
+    toc_files,
+    warning_lines,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +52,22 @@ def test_build_succeeds(build):
 def test_build_log_has_no_warnings(build):
     warnings = [line for line in warning_lines(build.log) if KERNEL_TRANSPORT_NOTICE not in line]
     assert not warnings, "\n".join(warnings)
+
+
+# Binder gives a session 1-2 GB of memory: every chapter's kernel must stay below this.
+BINDER_MEMORY_BYTES = 1.5e9
+
+
+def test_every_chapter_fits_in_binder_memory(build):
+    executed = build.log.count("Executed notebook in")
+    if build.reused or executed < len(CHAPTER_PAGES):
+        pytest.skip(f"{executed} chapters executed in this build (the rest came from the cache)")
+    peak = peak_rss_bytes(build.log)
+    assert peak is not None, "the build log does not say the build's peak memory"
+    assert peak < BINDER_MEMORY_BYTES, (
+        f"a process of the book build peaked at {peak / 1e9:.2f} GB, over Binder's "
+        f"{BINDER_MEMORY_BYTES / 1e9} GB: `python benchmarks/chapter_memory.py` says which chapter"
+    )
 
 
 def test_every_toc_page_was_written(build):

@@ -1,0 +1,74 @@
+"""Peak resident memory of each chapter's kernel, for Binder's 1-2 GB limit (target: < 1.5 GB).
+
+    .venv/bin/python benchmarks/chapter_memory.py               # every chapter
+    .venv/bin/python benchmarks/chapter_memory.py 03 07         # chapters whose name starts so
+
+Each chapter runs top to bottom in a fresh kernel (nbclient); after its last cell the kernel's
+high-water mark (VmHWM in /proc/PID/status, Linux only) is read before the kernel shuts down.
+The book test checks the largest of these through the build's own children (tests/book_build.py);
+this script says which chapter it was.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+LIMIT_BYTES = 1.5e9
+
+
+def kernel_peak_bytes(client) -> int:
+    pid = client.km.provisioner.process.pid
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM line: this script needs Linux's /proc")
+
+
+def run_chapter(path: Path, timeout: int) -> dict:
+    nb = nbformat.read(str(path), as_version=4)
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    started = time.monotonic()
+    with client.setup_kernel():
+        for index, cell in enumerate(nb.cells):
+            client.execute_cell(cell, index)
+        peak = kernel_peak_bytes(client)
+    return {"chapter": path.stem, "peak_rss_bytes": peak, "seconds": time.monotonic() - started}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prefixes", nargs="*", help="chapter name prefixes (default: all)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    chapters = sorted((REPO / "chapters").glob("*.ipynb"))
+    if args.prefixes:
+        chapters = [p for p in chapters if any(p.name.startswith(x) for x in args.prefixes)]
+    results = []
+    for path in chapters:
+        result = run_chapter(path, args.timeout)
+        results.append(result)
+        verdict = "ok" if result["peak_rss_bytes"] < LIMIT_BYTES else "OVER the 1.5 GB target"
+        print(
+            f"{result['chapter']:<18} peak RSS {result['peak_rss_bytes'] / 1e9:5.2f} GB "
+            f"in {result['seconds']:4.0f} s  {verdict}",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0 if all(r["peak_rss_bytes"] < LIMIT_BYTES for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
