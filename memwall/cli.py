@@ -57,6 +57,7 @@ COMMANDS = {
     "grade": Command("memwall.grading", "grade", "grade a folder of submitted notebooks"),
     "exercises": Command("memwall.grading", "grade", "write or check exercises/ from solutions/"),
     "notebooks": Command("memwall.notebooks", "book", "write the launch notebooks (.ipynb)"),
+    "build-kernels": Command("memwall.engine.cpu.cli", "engine", "compile C kernels ahead of time"),
 }
 
 

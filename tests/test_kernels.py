@@ -79,3 +79,144 @@ def test_the_output_dtype_follows_the_input_not_the_default_dtype():
         torch.set_default_dtype(previous)
     assert out.dtype == int8_out.dtype == torch.float32
     assert torch.allclose(out, x @ weight.t(), atol=1e-5)
+
+
+# ---- every variant against the reference path ---------------------------------------------------
+
+
+def runnable_variants():
+    if not cpu_kernels.available():
+        return []
+    from memwall.engine.cpu import build
+
+    return [name for name in build.VARIANTS if build.runnable(name)]
+
+
+VARIANTS = runnable_variants()
+ROWS = [1, 2, 3, 4, 5, 9, 17]
+
+
+def close(ours, reference):
+    return (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("out_features, in_features", [(4, 8), (12, 40), (20, 96), (64, 200)])
+def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in_features):
+    lib = cpu_kernels.variant_library(variant)
+    weight = seeded(out_features, in_features)
+    for rows in ROWS:
+        x = seeded(rows, in_features, seed=rows)
+        batched = cpu_kernels.fp32_linear(x, weight, lib=lib)
+        assert close(batched, (x.double() @ weight.double().t()).float())
+        for i in (0, rows - 1):  # each row gets the same bits alone as in a batch
+            assert torch.equal(
+                cpu_kernels.fp32_linear(x[i : i + 1], weight, lib=lib)[0], batched[i]
+            )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("many", [False, True], ids=["few rows", "many rows"])
+@pytest.mark.parametrize("out_features, in_features", [(4, 32), (20, 96), (36, 160)])
+def test_int8_kernels_of_every_variant_match_the_reference(
+    variant, many, out_features, in_features
+):
+    lib = cpu_kernels.variant_library(variant)
+    layer = Int8Linear.from_weight(seeded(out_features, in_features))
+    for rows in ROWS:
+        x = seeded(rows, in_features, seed=rows)
+        ours = cpu_kernels.int8_linear(x, layer.codes, layer.scales, many=many, lib=lib)
+        assert close(ours, F.linear(x, layer.weight))
+        alone = cpu_kernels.int8_linear(x[-1:], layer.codes, layer.scales, many=many, lib=lib)
+        assert torch.equal(alone[0], ours[-1])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("many", [False, True], ids=["few rows", "many rows"])
+@pytest.mark.parametrize(
+    "out_features, in_features, group_size",
+    [(4, 32, 32), (20, 192, 32), (20, 192, 64), (12, 192, 96), (36, 160, 160), (8, 256, 128)],
+)
+def test_int4_kernels_of_every_variant_match_the_reference(
+    variant, many, out_features, in_features, group_size
+):
+    lib = cpu_kernels.variant_library(variant)
+    layer = Int4Linear.from_weight(seeded(out_features, in_features), group_size=group_size)
+    if layer.kernel_layout:
+        pytest.skip("the C kernels are off: int4 layers use PyTorch's layout")
+    for rows in ROWS:
+        x = seeded(rows, in_features, seed=rows)
+        ours = cpu_kernels.int4_linear(
+            x, layer.packed, layer.scale_zero, group_size, many=many, lib=lib
+        )
+        assert close(ours, F.linear(x, layer.weight))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_gives_the_same_bits_for_any_thread_count(variant):
+    lib = cpu_kernels.variant_library(variant)
+    layer = Int4Linear.from_weight(seeded(64, 128), group_size=32)
+    weight, x = seeded(64, 128, seed=3), seeded(3, 128, seed=4)
+    threads = torch.get_num_threads()
+
+    def run():
+        return [
+            cpu_kernels.fp32_linear(x, weight, lib=lib),
+            cpu_kernels.int4_linear(x, layer.packed, layer.scale_zero, 32, lib=lib),
+            cpu_kernels.int4_linear(x, layer.packed, layer.scale_zero, 32, many=True, lib=lib),
+        ]
+
+    try:
+        torch.set_num_threads(1)
+        single = run()
+    finally:
+        torch.set_num_threads(threads)
+    for alone, shared in zip(single, run()):
+        assert torch.equal(alone, shared)
+
+
+# ---- building ------------------------------------------------------------------------------------
+
+
+def fake_compiler(tmp_path, version: str) -> str:
+    """A cc that rejects -fopenmp (as Apple's clang does) and reports `version`."""
+    import shutil
+
+    real = shutil.which("cc") or shutil.which("gcc")
+    script = tmp_path / "cc"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = --version ] && echo "{version}" && exit 0\n'
+        'for a in "$@"; do [ "$a" = -fopenmp ] && echo "unsupported option -fopenmp" >&2 && exit 1; done\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+@needs_cpu_kernels
+def test_the_build_retries_without_openmp_and_keys_on_the_compiler(monkeypatch, tmp_path):
+    from memwall.engine.cpu import build
+
+    monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", fake_compiler(tmp_path, "fakecc 1.0"))
+    first = build.build("portable")
+    assert "-fopenmp" not in build.BASE_FLAGS and first.exists()
+    lib = build.load("portable")
+    weight, x = seeded(8, 16), seeded(2, 16, seed=1)
+    assert close(cpu_kernels.fp32_linear(x, weight, lib=lib), x @ weight.t())
+    monkeypatch.setenv("CC", fake_compiler(tmp_path, "fakecc 2.0"))
+    build.compiler_version.cache_clear()
+    assert build.build("portable") != first  # a new compiler version builds afresh
+
+
+def test_build_kernels_command_reports_each_variant(capsys):
+    import json
+
+    from memwall.cli import main
+
+    code = main(["build-kernels", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["variants"]) == {"avx512", "avx2", "portable"}
+    assert report["in_use"] == cpu_kernels.variant()
+    assert code == (0 if cpu_kernels.library() is not None else 1)

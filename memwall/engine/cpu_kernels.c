@@ -3,8 +3,10 @@
  * y[r, o] = sum_i W[o, i] * x[r, i] for a few activation rows r (decode: one row per sequence).
  * Each thread takes a slab of output rows and streams its share of the weights once; the
  * activations stay in fp32 and in cache. Packed weights are turned back into floats in
- * registers, never in memory. Built and loaded by cpu_kernels.py; linear.py and quant.py fall
- * back to PyTorch where this cannot be built.
+ * registers, never in memory. Built and loaded by cpu_kernels.py (cpu/build.py); linear.py and
+ * quant.py fall back to PyTorch where this cannot be built. Beside it: cpu/kernels_avx512.c for
+ * CPUs with AVX-512 and cpu/kernels_portable.c (no intrinsics) for any other CPU; what all three
+ * share is in cpu/common.h.
  *
  * Scales are bf16: the top 16 bits of an fp32, so a shift turns one back into a float.
  */
@@ -13,12 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_to_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
+static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
+                       long n_out);
+#include "cpu/common.h"
 
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -56,16 +55,14 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         for (int k = 0; k < 4; k++) y[j * out + k] = sum8(acc[k][j]);
 }
 
-/* W fp32 [out, in]; `out` a multiple of 4 and `in` of 8. A row's result does not depend on the
- * other rows or on the thread count: batched decode gives each sequence the same bits as alone. */
-void fp32_linear(const float *x, const float *w, float *y, long rows, long in, long out,
-                 int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o += 4) {
+/* W fp32 [n_out, in]; `n_out` a multiple of 4 and `in` of 8. */
+static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
+                       long n_out) {
+    for (long o = 0; o < n_out; o += 4) {
         long r = 0;
-        for (; r + 3 <= rows; r += 3) fp32_tile(x + r * in, w + o * in, y + r * out + o, in, out, 3);
-        if (rows - r == 2) fp32_tile(x + r * in, w + o * in, y + r * out + o, in, out, 2);
-        if (rows - r == 1) fp32_tile(x + r * in, w + o * in, y + r * out + o, in, out, 1);
+        for (; r + 3 <= rows; r += 3) fp32_tile(x + r * in, w + o * in, y + r * y_stride + o, in, y_stride, 3);
+        if (rows - r == 2) fp32_tile(x + r * in, w + o * in, y + r * y_stride + o, in, y_stride, 2);
+        if (rows - r == 1) fp32_tile(x + r * in, w + o * in, y + r * y_stride + o, in, y_stride, 1);
     }
 }
 
@@ -99,21 +96,8 @@ void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, fl
 int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                 long rows, long in, long out, long group, int threads) {
     long groups = in / group;
-    /* x regrouped: per 32 inputs, the 16 even-indexed values then the 16 odd-indexed ones, the
-     * order in which the kernel meets them in the low and then the high nibbles of 16 bytes. */
-    float *x_split = malloc(sizeof(float) * rows * in);
-    float *x_sums = malloc(sizeof(float) * rows * groups);
-    if (x_split == NULL || x_sums == NULL) {
-        free(x_split);
-        free(x_sums);
-        return -1;
-    }
-    for (long i = 0; i < rows * in; i++)
-        x_split[i - i % 32 + (i % 2) * 16 + (i % 32) / 2] = x[i];
-    for (long r = 0; r < rows * groups; r++) {
-        x_sums[r] = 0.0f;
-        for (long i = 0; i < group; i++) x_sums[r] += x[r * group + i];
-    }
+    float *x_split, *x_sums;
+    if (int4_prepare(x, rows, in, group, &x_split, &x_sums)) return -1;
     const __m128i low_nibble = _mm_set1_epi8(15);
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long o = 0; o < out; o++) {

@@ -1,19 +1,19 @@
-"""Build and call the hand-written decode kernels in cpu_kernels.c (fp32, int8 and int4 weights).
+"""Call memwall's hand-written C kernels (fp32, int8 and int4 weights) from PyTorch.
 
-Why they exist: on the course's AMD CPU, PyTorch's kernels handle decode's shapes (a few
+Why they exist: on the course's AMD CPUs, PyTorch's kernels handle decode's shapes (a few
 activation rows against a large matrix) poorly. Its weight-only int8 and int4 kernels are
-compute-bound (~5 GB/s of int8 weights), so fewer bytes do not make decode faster, and MKL's fp32
-kernels with 2 to 128 rows leave much of the CPU's FLOP/s unused, which caps batched decode. The
-C kernels turn packed weights into floats in registers, reading int8 weights about twice as fast
-as PyTorch's kernel on the course machine (chapter 7), and keep a 4 x 3 tile of sums in registers
-for batches (chapter 6).
+compute-bound (~5 GB/s of int8 weights on the AVX2 machine), and MKL's fp32 kernels with 2 to 128
+rows leave much of the CPU's FLOP/s unused, which caps batched decode. The C kernels turn packed
+weights into floats in registers and keep a tile of sums in registers for batches (chapters 6, 7).
+For many rows with int8/int4 weights (`*_many`), each core converts a chunk of weight rows to
+floats in its cache once and runs the fp32 tile over every row: prefill without a dequantized copy.
 
-The library is compiled with the system C compiler on first use (well under a second) and cached
-under memwall's cache folder, keyed by a hash of the source. It is linked against OpenMP: the
-loader resolves that to the libgomp that PyTorch has already loaded, so both share one thread
-pool. `library()` returns None, with the reason in `unavailable_reason()`, where the CPU lacks
-AVX2/FMA, no compiler is found, or the build fails; the layers then use PyTorch's kernels. Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block of code
-(chapter 7 times both kernels side by side that way).
+`cpu/build.py` compiles the variant for this CPU (AVX-512, AVX2, or portable C) on first use, or
+ahead of time with `memwall build-kernels`. The libraries use OpenMP; the loader resolves that to
+the libgomp PyTorch has already loaded, so both share one thread pool. `library()` returns None,
+with the reason in `unavailable_reason()`, where nothing builds; the layers then use PyTorch.
+Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block of code. Which
+path a layer takes for a given number of rows is decided in `cpu/paths.py`, by measurement.
 """
 
 from __future__ import annotations
@@ -21,25 +21,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from memwall.paths import cache_dir
+from memwall.engine.cpu import build
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
-MAX_ROWS = 8  # int8/int4: beyond a few rows, converting every weight again per row costs too much
-# fp32: beyond this, F.linear (MKL, which blocks for cache). On the course CPU the kernel was
-# still ahead at 512 rows (SmolLM2's shapes: 343 vs 386 ms over 40 matrices); 256 keeps margin.
+MAX_ROWS = 8  # int8/int4 one-row-at-a-time kernels: the fixed limit when nothing is calibrated
+# fp32: above this, F.linear (MKL, which blocks for cache) when nothing is calibrated.
 MAX_FP32_ROWS = 256
 _unavailable_reason: str | None = None  # set by library() when it returns None
 _switched_off = False
+_variant: str | None = None
 
 
 def unavailable_reason() -> str | None:
@@ -49,6 +42,11 @@ def unavailable_reason() -> str | None:
 
 def available() -> bool:
     return not _switched_off and library() is not None
+
+
+def variant() -> str | None:
+    """Which build is in use: "avx512", "avx2", "portable", or None."""
+    return _variant if library() is not None else None
 
 
 @contextlib.contextmanager
@@ -66,69 +64,36 @@ def switched_off():
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be used (see the module docstring)."""
-    global _unavailable_reason
+    global _unavailable_reason, _variant
+    if os.environ.get("MEMWALL_CPU_KERNELS", "1") == "0":
+        _unavailable_reason = "turned off by MEMWALL_CPU_KERNELS=0"
+        return None
     try:
-        return _load()
-    except (OSError, subprocess.SubprocessError, _Unavailable) as error:
+        _variant, lib = build.best_variant()
+        return lib
+    except (OSError, build.BuildError) as error:
         _unavailable_reason = str(error)
         return None
 
 
-class _Unavailable(Exception):
-    pass
+@functools.cache
+def variant_library(name: str) -> ctypes.CDLL:
+    """One variant's library, whichever is in use (the tests check each against the reference)."""
+    return build.load(name)
 
 
-def _load() -> ctypes.CDLL:
-    if os.environ.get("MEMWALL_CPU_KERNELS", "1") == "0":
-        raise _Unavailable("turned off by MEMWALL_CPU_KERNELS=0")
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise _Unavailable(f"the CPU has no AVX2 ({torch.backends.cpu.get_cpu_capability()})")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise _Unavailable("no C compiler (cc or gcc) found")
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Build beside the target and rename: processes that build at the same time do not collide.
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            build = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", partial],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if build.returncode:
-                raise _Unavailable(f"building {SOURCE.name} failed: {build.stderr.strip()[:500]}")
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-    lib = ctypes.CDLL(str(target))
-    pointer, long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.fp32_linear.argtypes = [pointer] * 3 + [long] * 3 + [c_int]
-    lib.int8_linear.argtypes = [pointer] * 4 + [long] * 3 + [c_int]
-    lib.int4_linear.argtypes = [pointer] * 4 + [long] * 4 + [c_int]
-    lib.fp32_linear.restype = lib.int8_linear.restype = None
-    lib.int4_linear.restype = c_int
-    return lib
-
-
-def usable(x: torch.Tensor, in_features: int) -> bool:
-    """Whether the int8/int4 kernels can take x [..., in]: fp32 on the CPU, a few rows."""
+def quant_fits(x: torch.Tensor, in_features: int) -> bool:
+    """Whether the int8/int4 kernels can take x [..., in]: fp32 on the CPU, in a multiple of 32."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and in_features % 32 == 0
-        and x.numel() <= MAX_ROWS * in_features
+        and not x.requires_grad
         and available()
     )
 
 
-def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def fp32_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `fp32_linear` can take x [..., in] against this weight [out, in]."""
     return (
         x.device.type == "cpu"
@@ -137,9 +102,18 @@ def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and not (x.requires_grad or weight.requires_grad)
         and weight.shape[0] % 4 == 0
         and weight.shape[1] % 8 == 0
-        and x.numel() <= MAX_FP32_ROWS * weight.shape[1]
         and available()
     )
+
+
+def usable(x: torch.Tensor, in_features: int) -> bool:
+    """quant_fits, for at most MAX_ROWS rows (the fixed rule)."""
+    return x.numel() <= MAX_ROWS * in_features and quant_fits(x, in_features)
+
+
+def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """fp32_fits, for at most MAX_FP32_ROWS rows (the fixed rule)."""
+    return x.numel() <= MAX_FP32_ROWS * weight.shape[1] and fp32_fits(x, weight)
 
 
 # The wrappers take x [..., in] and return [..., out] without reshaping: in decode each is called
@@ -180,7 +154,7 @@ def _output(x: torch.Tensor, out_features: int) -> tuple[int, torch.Tensor]:
     return x.numel() // x.shape[-1], x.new_empty(x.shape[:-1] + (out_features,))
 
 
-def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def fp32_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T -> [..., out], all fp32."""
     out_features, in_features = weight.shape
     if out_features % 4 or in_features % 8:
@@ -189,7 +163,7 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         )
     x = _check(x, in_features, out_features, weight=(weight, torch.float32, tuple(weight.shape)))
     rows, out = _output(x, out_features)
-    library().fp32_linear(
+    (lib or library()).fp32_linear(
         x.data_ptr(),
         weight.data_ptr(),
         out.data_ptr(),
@@ -201,11 +175,17 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out]."""
+def int8_linear(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, many=False, lib=None
+) -> torch.Tensor:
+    """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out].
+
+    many=True: the chunked kernel for many rows (`out` a multiple of 4)."""
     out_features, in_features = codes.shape
-    if in_features % 32:
-        raise ValueError(f"int8_linear needs in % 32 == 0, got {in_features}")
+    if in_features % 32 or (many and out_features % 4):
+        raise ValueError(
+            f"int8_linear needs in % 32 == 0 (and out % 4 == 0 for many rows), got {out_features}x{in_features}"
+        )
     x = _check(
         x,
         in_features,
@@ -214,7 +194,8 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> t
         scales=(scales, torch.bfloat16, (out_features,)),
     )
     rows, out = _output(x, out_features)
-    library().int8_linear(
+    kernel = (lib or library()).int8_linear_many if many else (lib or library()).int8_linear
+    status = kernel(
         x.data_ptr(),
         codes.data_ptr(),
         scales.data_ptr(),
@@ -224,14 +205,25 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> t
         out_features,
         torch.get_num_threads(),
     )
+    if status:
+        raise MemoryError("int8_linear could not allocate its scratch buffers")
     return out
 
 
 def int4_linear(
-    x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group_size: int
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zero: torch.Tensor,
+    group_size: int,
+    many=False,
+    lib=None,
 ) -> torch.Tensor:
-    """x [..., in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2]."""
+    """x [..., in] fp32 against pack_int4 codes [out, in / 2] and scale_zero [in / group, out, 2].
+
+    many=True: the chunked kernel for many rows (`out` a multiple of 4)."""
     out_features, in_features = packed.shape[0], 2 * packed.shape[1]
+    if many and out_features % 4:
+        raise ValueError(f"int4_linear for many rows needs out % 4 == 0, got {out_features}")
     if group_size <= 0 or group_size % 32 or in_features % group_size:
         raise ValueError(f"group_size {group_size} must be a multiple of 32 dividing {in_features}")
     x = _check(
@@ -242,7 +234,8 @@ def int4_linear(
         scale_zero=(scale_zero, torch.bfloat16, (in_features // group_size, out_features, 2)),
     )
     rows, out = _output(x, out_features)
-    status = library().int4_linear(
+    kernel = (lib or library()).int4_linear_many if many else (lib or library()).int4_linear
+    status = kernel(
         x.data_ptr(),
         packed.data_ptr(),
         scale_zero.data_ptr(),

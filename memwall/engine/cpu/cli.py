@@ -1,0 +1,35 @@
+"""`memwall build-kernels`: compile the C kernels for this CPU ahead of time.
+
+A reader's first forward pass then finds them built (Binder's postBuild runs this), instead of
+waiting for the compiler. Prints each variant's library, or why it did not build, and which one
+the engine uses here.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def register_cli(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "build-kernels", help="compile memwall's C kernels for this CPU ahead of time"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(run=run_build_kernels)
+
+
+def run_build_kernels(args) -> int:
+    from memwall.engine import cpu_kernels
+    from memwall.engine.cpu import build
+
+    report = {"variants": build.build_all(), "in_use": cpu_kernels.variant()}
+    report["unavailable_reason"] = cpu_kernels.unavailable_reason()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name, where in report["variants"].items():
+            print(f"{name:>9}: {where}")
+        print(
+            f"   in use: {report['in_use'] or 'none (' + str(report['unavailable_reason']) + ')'}"
+        )
+    return 0 if report["in_use"] else 1

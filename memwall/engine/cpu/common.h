@@ -1,0 +1,133 @@
+/* The parts of memwall's CPU kernels that every instruction-set variant shares.
+ *
+ * Each variant (cpu_kernels.c for AVX2, kernels_avx512.c, kernels_portable.c) defines
+ *     static void fp32_block(const float *x, const float *w, float *y,
+ *                            long rows, long in, long y_stride, long n_out);
+ * which sets y[r * y_stride + k] = sum_i w[k * in + i] * x[r * in + i] for r < rows and
+ * k < n_out (a multiple of 4), then includes this file once. Everything here is plain C: the
+ * compiler vectorizes it for the variant's instruction set.
+ *
+ * Many activation rows (prefill, big batches) with int8/int4 weights: each thread turns a chunk
+ * of CHUNK weight rows into floats in a scratch buffer that stays in its cache, then runs the fp32
+ * tile over every activation row. The weights are converted once per call, not once per row.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 16
+
+static inline float bf16_to_float(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+/* Bit 0: AVX2 and FMA; bit 1: AVX-512 F/BW/VL/DQ; bit 2: AVX-512 VNNI. Read with cpuid (and the
+ * OS's saved-state flags) by the compiler's runtime, so a VM that hides AVX-512 reports none. */
+int memwall_cpu_features(void) {
+    int features = 0;
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) features |= 1;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        features |= 2;
+    if (__builtin_cpu_supports("avx512vnni")) features |= 4;
+#endif
+    return features;
+}
+
+/* A row's result depends neither on the other rows nor on the thread count, so batched decode
+ * gives each sequence the same bits as decoding it alone. */
+void fp32_linear(const float *x, const float *w, float *y, long rows, long in, long out,
+                 int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o += 4) fp32_block(x, w + o * in, y + o, rows, in, out, 4);
+}
+
+static void dequantize_int8_rows(const int8_t *codes, const uint16_t *scales, long n, long in,
+                                 float *dst) {
+    for (long k = 0; k < n; k++) {
+        float scale = bf16_to_float(scales[k]);
+        for (long i = 0; i < in; i++) dst[k * in + i] = (float)codes[k * in + i] * scale;
+    }
+}
+
+/* (q - 8) * s + z in the same order of operations as quant.dequantize_int4. */
+static void dequantize_int4_rows(const uint8_t *packed, const uint16_t *scale_zero, long o, long n,
+                                 long in, long out, long group, float *dst) {
+    for (long k = 0; k < n; k++) {
+        const uint8_t *bytes = packed + (o + k) * (in / 2);
+        float *row = dst + k * in;
+        for (long i = 0; i < in; i += 2) {
+            row[i] = (float)(bytes[i / 2] & 15);
+            row[i + 1] = (float)(bytes[i / 2] >> 4);
+        }
+        for (long g = 0; g < in / group; g++) {
+            const uint16_t *sz = scale_zero + (g * out + o + k) * 2;
+            float scale = bf16_to_float(sz[0]), zero = bf16_to_float(sz[1]);
+            for (long i = g * group; i < (g + 1) * group; i++) row[i] = (row[i] - 8.0f) * scale + zero;
+        }
+    }
+}
+
+/* `out` a multiple of 4. Returns 0, or -1 if a scratch buffer could not be allocated. */
+int int8_linear_many(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                     long rows, long in, long out, int threads) {
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *chunk = malloc(sizeof(float) * CHUNK * in);
+        #pragma omp for schedule(static)
+        for (long o = 0; o < out; o += CHUNK) {
+            long n = out - o < CHUNK ? out - o : CHUNK;
+            if (chunk == NULL) { failed = 1; continue; }
+            dequantize_int8_rows(codes + o * in, scales + o, n, in, chunk);
+            fp32_block(x, chunk, y + o, rows, in, out, n);
+        }
+        free(chunk);
+    }
+    return failed ? -1 : 0;
+}
+
+int int4_linear_many(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
+                     long rows, long in, long out, long group, int threads) {
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *chunk = malloc(sizeof(float) * CHUNK * in);
+        #pragma omp for schedule(static)
+        for (long o = 0; o < out; o += CHUNK) {
+            long n = out - o < CHUNK ? out - o : CHUNK;
+            if (chunk == NULL) { failed = 1; continue; }
+            dequantize_int4_rows(packed, scale_zero, o, n, in, out, group, chunk);
+            fp32_block(x, chunk, y + o, rows, in, out, n);
+        }
+        free(chunk);
+    }
+    return failed ? -1 : 0;
+}
+
+/* x regrouped for the int4 kernels: per 32 inputs, the 16 even-indexed values then the 16
+ * odd-indexed ones, the order in which they meet the low and then the high nibbles of 16 bytes.
+ * Also the sum of x over each group, which carries the offsets. */
+static int int4_prepare(const float *x, long rows, long in, long group, float **x_split,
+                        float **x_sums) {
+    long groups = in / group;
+    *x_split = malloc(sizeof(float) * rows * in);
+    *x_sums = malloc(sizeof(float) * rows * groups);
+    if (*x_split == NULL || *x_sums == NULL) {
+        free(*x_split);
+        free(*x_sums);
+        return -1;
+    }
+    for (long i = 0; i < rows * in; i++)
+        (*x_split)[i - i % 32 + (i % 2) * 16 + (i % 32) / 2] = x[i];
+    for (long r = 0; r < rows * groups; r++) {
+        (*x_sums)[r] = 0.0f;
+        for (long i = 0; i < group; i++) (*x_sums)[r] += x[r * group + i];
+    }
+    return 0;
+}
