@@ -5,6 +5,14 @@ Every byte a step moves falls in one of three accounts:
 - KV cache: each sequence reads the keys and values of its whole context (grows with context x users);
 - activations: the vectors flowing between layers (small in decode, large in prefill).
 
+The FLOPs and bytes also fall in two rows that the roofline must see apart (`ledger_rows`):
+- weight matmuls: every linear layer, with the weights and activations it moves. Its intensity
+  grows with the tokens per step (batch x new tokens), so big batches make it compute-bound;
+- attention: q.k and p.v over the KV cache. Each sequence reads its own cache, so batching does
+  not raise its intensity; sharing KV heads does, by heads / KV heads (GQA, MQA).
+Added together the two hide each other: batch 1,024 of Llama 3 8B looks memory-bound as a whole
+while its matmuls are compute-bound.
+
 The roofline (Williams et al., 2009) turns bytes and FLOPs into a lower bound on time:
     step time >= max(bytes / memory bandwidth, FLOPs / peak FLOP/s),
 and so an upper bound on tokens/s. Measured speeds land below it, never above. The byte and
@@ -199,11 +207,26 @@ class StepCost:
     weight_bytes: float
     kv_bytes: float
     activation_bytes: float
-    flops: float
+    flops: float  # all of them: weight matmuls + attention
+    attention_flops: float = 0.0
 
     @property
     def tokens(self) -> int:
         return self.batch * self.new_tokens
+
+    @property
+    def matmul_flops(self) -> float:
+        return self.flops - self.attention_flops
+
+    @property
+    def matmul_bytes(self) -> float:
+        """The weights, and the activations the linear layers read and write."""
+        return self.weight_bytes + self.activation_bytes
+
+    @property
+    def attention_bytes(self) -> float:
+        """The KV cache read and written (q and the output are counted with the matmuls)."""
+        return self.kv_bytes
 
     @property
     def total_bytes(self) -> float:
@@ -260,6 +283,27 @@ def step(
         * activation_elements_per_token(spec)
         * bytes_per_element(compute_dtype),
         flops=2 * tokens * matmul_params_per_token(spec) + attention_flops,
+        attention_flops=attention_flops,
+    )
+
+
+class LedgerRow(NamedTuple):
+    """One row of the split ledger: a kind of work with its own FLOPs, bytes and intensity."""
+
+    name: str  # "weight matmuls" or "attention"
+    flops: float
+    bytes: float
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else math.inf
+
+
+def ledger_rows(cost: StepCost) -> tuple[LedgerRow, LedgerRow]:
+    """(weight matmuls, attention) of one step. Their FLOPs and bytes add up to the step's."""
+    return (
+        LedgerRow("weight matmuls", cost.matmul_flops, cost.matmul_bytes),
+        LedgerRow("attention", cost.attention_flops, cost.attention_bytes),
     )
 
 
@@ -300,6 +344,27 @@ def step_time_lower_bound(cost: StepCost, hw: Hardware | str, dtype: str | None 
     """Seconds the step takes at least: it cannot move its bytes or do its FLOPs any faster."""
     hw = get_hardware(hw)
     return max(memory_time(cost, hw), compute_time(cost, hw, dtype))
+
+
+def row_floor(row: LedgerRow, hw: Hardware | str, dtype: str = "bf16") -> dict:
+    """A row's own roofline: memory time, compute time, the larger (its floor), and its bound."""
+    hw = get_hardware(hw)
+    memory_s, compute_s = row.bytes / hw.memory_bandwidth, row.flops / peak_flops(hw, dtype)
+    return {
+        "flops": row.flops,
+        "bytes": row.bytes,
+        "arithmetic_intensity": row.arithmetic_intensity,
+        "memory_time_s": memory_s,
+        "compute_time_s": compute_s,
+        "time_s": max(memory_s, compute_s),
+        "bound": "memory" if memory_s >= compute_s else "compute",
+    }
+
+
+def split_bound(cost: StepCost, hw: Hardware | str, dtype: str | None = None) -> str:
+    """ "memory" or "compute" when both rows agree; otherwise "mixed" (say which row is which)."""
+    bounds = {row_floor(row, hw, dtype or cost.compute_dtype)["bound"] for row in ledger_rows(cost)}
+    return bounds.pop() if len(bounds) == 1 else "mixed"
 
 
 class TokenRate(NamedTuple):
@@ -364,6 +429,7 @@ def calc(
         spec, context, batch, cost.kv_dtype
     )
     mem_s, compute_s = memory_time(cost, hw), compute_time(cost, hw)
+    matmuls, attention = (row_floor(row, hw, cost.compute_dtype) for row in ledger_rows(cost))
     return {
         "model": spec.name,
         "hardware": hw.name,
@@ -385,7 +451,12 @@ def calc(
         "flops_per_step": cost.flops,
         "arithmetic_intensity": cost.arithmetic_intensity,
         "ridge_point": ridge_point(hw, cost.compute_dtype),
-        "bound": "memory" if mem_s >= compute_s else "compute",
+        # Both rows memory-bound (or both compute-bound), or "mixed": see the two rows.
+        "bound": split_bound(cost, hw),
+        **{f"matmul_{key}": value for key, value in matmuls.items()},
+        **{f"attention_{key}": value for key, value in attention.items()},
+        # When the two run one after the other (as in memwall's engine), each at its own floor.
+        "sequential_step_time_s": matmuls["time_s"] + attention["time_s"],
         "memory_bandwidth": hw.memory_bandwidth,
         "peak_flops": peak_flops(hw, cost.compute_dtype),
         "memory_time_s": mem_s,

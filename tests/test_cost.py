@@ -279,3 +279,44 @@ def test_gpt2_position_table_is_looked_up_not_streamed():
     full = cost.weight_bytes("gpt2", "fp32")
     rows_only = cost.weight_bytes("gpt2", "fp32", tokens=2, count_input_embedding=False)
     assert full - rows_only == 4 * (1024 * 768 - 2 * 768)
+
+
+def test_the_two_rows_add_up_to_the_step():
+    ledger = cost.step("llama-3-8b", batch=4, context=100, new_tokens=3)
+    matmuls, attention = cost.ledger_rows(ledger)
+    assert (matmuls.name, attention.name) == ("weight matmuls", "attention")
+    assert matmuls.flops + attention.flops == ledger.flops
+    assert matmuls.bytes + attention.bytes == ledger.total_bytes
+    assert attention.bytes == ledger.kv_bytes
+    assert matmuls.flops == 2 * 12 * cost.matmul_params_per_token("llama-3-8b")
+
+
+def test_batch_1024_of_llama_3_8b_has_compute_bound_matmuls():
+    result = cost.calc("llama-3-8b", "h100-sxm", context=1024, batch=1024)
+    # As a whole the step is dominated by its 137 GB of KV reads...
+    assert result["memory_time_s"] > result["compute_time_s"]
+    # ...but the matmuls alone are far past the ridge point, and only attention is memory-bound.
+    assert result["matmul_bound"] == "compute" and result["attention_bound"] == "memory"
+    assert result["matmul_arithmetic_intensity"] > 2 * result["ridge_point"]
+    assert result["bound"] == "mixed"
+    assert result["sequential_step_time_s"] == pytest.approx(
+        result["matmul_time_s"] + result["attention_time_s"]
+    )
+    assert result["sequential_step_time_s"] > result["step_time_s"]
+
+
+def test_batch_1_rows_are_both_memory_bound_and_keep_the_worked_numbers():
+    result = cost.calc("llama-3-8b", "h100-sxm", context=1, batch=1)
+    assert result["bound"] == result["matmul_bound"] == result["attention_bound"] == "memory"
+    assert result["sequential_step_time_s"] == pytest.approx(result["step_time_s"])
+    assert round(result["matmul_arithmetic_intensity"]) == 1  # batch-1 decode: about 1
+
+
+@pytest.mark.parametrize("kv_heads", [32, 8, 4, 1])
+def test_gqa_raises_attention_intensity_by_heads_over_kv_heads(kv_heads):
+    # bf16 KV: 4 H d FLOPs per position over 2 G d x 2 bytes = H / G FLOPs per byte, any context.
+    for context, batch in ((512, 1), (8192, 16)):
+        result = cost.calc(
+            "llama-3-8b", "h100-sxm", context=context, batch=batch, kv_heads=kv_heads
+        )
+        assert result["attention_arithmetic_intensity"] == pytest.approx(32 / kv_heads)

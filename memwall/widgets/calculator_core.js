@@ -128,10 +128,24 @@ var MemwallCalc = (function () {
       weight_bytes: weightBytes(catalog, s, weightDtype, tokens),
       kv_bytes: batch * (context + newTokens) * kvBytesPerToken(catalog, s, kvDtype),
       activation_bytes: tokens * activationElementsPerToken(s) * bytesPerElement(catalog, computeDtype),
-      flops: 2 * tokens * matmulParamsPerToken(s) + attentionFlops
+      flops: 2 * tokens * matmulParamsPerToken(s) + attentionFlops,
+      attention_flops: attentionFlops
     };
     cost.total_bytes = cost.weight_bytes + cost.kv_bytes + cost.activation_bytes;
     return cost;
+  }
+  // cost.ledger_rows + cost.row_floor: weight matmuls and attention, each on its own roofline
+  function rowFloor(flops, bytes, hw, dtype) {
+    var memoryS = bytes / hw.memory_bandwidth, computeS = flops / peakFlops(hw, dtype);
+    return { flops: flops, bytes: bytes, arithmetic_intensity: bytes ? flops / bytes : Infinity,
+             memory_time_s: memoryS, compute_time_s: computeS, time_s: Math.max(memoryS, computeS),
+             bound: memoryS >= computeS ? "memory" : "compute" };
+  }
+  function ledgerRows(cost, hw) {
+    return {
+      matmul: rowFloor(cost.flops - cost.attention_flops, cost.weight_bytes + cost.activation_bytes, hw, cost.compute_dtype),
+      attention: rowFloor(cost.attention_flops, cost.kv_bytes, hw, cost.compute_dtype)
+    };
   }
 
   // ---- the roofline (cost.peak_flops, cost.memory_budget) ----
@@ -175,11 +189,12 @@ var MemwallCalc = (function () {
     var memS = cost.total_bytes / hw.memory_bandwidth;
     var computeS = cost.flops / peakFlops(hw, cost.compute_dtype);
     var seconds = Math.max(memS, computeS);
+    var rows = ledgerRows(cost, hw);
     var weightStorage = weightStorageBytes(catalog, spec, dtype);
     var kvTotal = kvCacheBytes(catalog, spec, context, batch, cost.kv_dtype);
     var needed = weightStorage + kvTotal;
     var scale = Math.max(hw.memory_bytes, needed);
-    return {
+    var f = {
       model: spec.name, hardware: hw.name, dtype: dtype, kv_dtype: cost.kv_dtype, compute_dtype: cost.compute_dtype,
       context: context, batch: batch, n_kv_heads: spec.n_kv_heads,
       n_params: nParams(spec), n_params_active: nParamsActive(spec),
@@ -193,7 +208,7 @@ var MemwallCalc = (function () {
       flops_per_step: cost.flops,
       arithmetic_intensity: cost.flops / cost.total_bytes,
       ridge_point: peakFlops(hw, cost.compute_dtype) / hw.memory_bandwidth,
-      bound: memS >= computeS ? "memory" : "compute",
+      bound: rows.matmul.bound === rows.attention.bound ? rows.matmul.bound : "mixed",
       memory_bandwidth: hw.memory_bandwidth,
       peak_flops: peakFlops(hw, cost.compute_dtype),
       memory_time_s: memS,
@@ -205,6 +220,7 @@ var MemwallCalc = (function () {
       memory_needed_bytes: needed,
       fits: needed <= hw.memory_bytes,
       max_users: memoryBudget(catalog, spec, hw, context, dtype, cost.kv_dtype),
+      sequential_step_time_s: rows.matmul.time_s + rows.attention.time_s,
       // what the calculator adds
       n_heads: spec.n_heads,
       n_kv_heads_published: published.n_kv_heads,
@@ -216,6 +232,10 @@ var MemwallCalc = (function () {
       free_fraction: Math.max(0, hw.memory_bytes - needed) / scale,
       memory_fraction: hw.memory_bytes / scale
     };
+    ["matmul", "attention"].forEach(function (name) {
+      Object.keys(rows[name]).forEach(function (key) { f[name + "_" + key] = rows[name][key]; });
+    });
+    return f;
   }
 
   // ---- displayed text (widgets/calculator.displayed): the same rounding as the Python ----
