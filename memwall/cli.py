@@ -234,7 +234,17 @@ def run_calc(args) -> int:
             (
                 "arithmetic intensity",
                 f"{r['arithmetic_intensity']:.3g} FLOPs/byte "
-                f"(ridge point {r['ridge_point']:.3g}: {r['bound']}-bound)",
+                f"(ridge point {r['ridge_point']:.3g}: "
+                + (f"{r['bound']}-bound)" if r["bound"] != "mixed" else "each row its own bound)"),
+            ),
+            *(
+                (
+                    f"  {label}",
+                    f"{si(r[f'{row}_flops'], 'FLOP')}, {si(r[f'{row}_bytes'], 'B')}: "
+                    f"{r[f'{row}_arithmetic_intensity']:.3g} FLOPs/byte, "
+                    f"{r[f'{row}_bound']}-bound, >= {seconds(r[f'{row}_time_s'])}",
+                )
+                for label, row in (("weight matmuls", "matmul"), ("attention", "attention"))
             ),
             ("memory-bound time", seconds(r["memory_time_s"])),
             ("compute-bound time", seconds(r["compute_time_s"])),
