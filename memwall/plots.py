@@ -6,6 +6,9 @@ control of its figure layout (panels, titles, sizes) and can print the same numb
 - ``roofline``: attainable FLOP/s = min(peak, intensity x bandwidth) on log-log axes, one line per
   chip, with the ridge point (peak / bandwidth) marked, plus optional measured points. The model
   is Williams, Waterman & Patterson, "Roofline" (CACM 2009).
+- ``ledger_roofline``: a chip's roofline with the cost model's two rows, weight matmuls and
+  attention, as points for each case (batch, context, KV heads): batching moves the matmuls right,
+  past the ridge, while attention stays where the KV heads put it (H/G FLOPs per byte in 16-bit).
 - ``memory_bar``: one or more stacked bars of bytes (weights, KV cache, activations, ...), with an
   optional capacity line, for "what fills the memory" and "what a step reads" pictures.
 
@@ -18,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from memwall import cost
 from memwall.cost import peak_flops
 from memwall.hardware import get_hardware
 
@@ -151,6 +155,97 @@ def roofline(
     return drawn
 
 
+ROW_MARKERS = {"weight matmuls": "s", "attention": "^"}
+
+
+def ledger_roofline(
+    ax,
+    model,
+    hardware,
+    cases: Sequence[Mapping],
+    dtype: str = "bf16",
+    flops_unit: float = 1e12,
+    flops_unit_name: str = "TFLOP/s",
+    annotate: bool = True,
+) -> list[dict]:
+    """The roofline of `hardware` with both ledger rows of `model` as points, for each case.
+
+    cases: dicts of `cost.calc` options with a "label", e.g.
+        [{"label": "B=1", "batch": 1}, {"label": "B=1024", "batch": 1024, "context": 1024}]
+        (keys: batch, context, kv_heads, kv_dtype; context defaults to 1024).
+    Each point sits on the roof at its row's intensity: the FLOP/s that row attains at its floor.
+    Returns one dict per (case, row): label, row, intensity, flop_rate, bound, time_s.
+    """
+    if not cases:
+        raise ValueError("ledger_roofline needs at least one case, e.g. [{'label': 'B=1'}].")
+    rows = []
+    for case in cases:
+        options = {k: v for k, v in case.items() if k != "label"}
+        unknown = set(options) - {"batch", "context", "kv_heads", "kv_dtype"}
+        if unknown:
+            raise ValueError(
+                f"unknown case keys {sorted(unknown)}; choose from batch, context, kv_heads, kv_dtype."
+            )
+        result = cost.calc(model, hardware, dtype, **{"context": 1024, **options})
+        for row, prefix in (("weight matmuls", "matmul"), ("attention", "attention")):
+            rows.append(
+                {
+                    "label": case.get("label", ""),
+                    "row": row,
+                    "intensity": result[f"{prefix}_arithmetic_intensity"],
+                    "flop_rate": result[f"{prefix}_flops"] / result[f"{prefix}_time_s"],
+                    "bound": result[f"{prefix}_bound"],
+                    "time_s": result[f"{prefix}_time_s"],
+                }
+            )
+    intensities = [r["intensity"] for r in rows]
+    chip = get_hardware(hardware)
+    ridge = peak_flops(chip, cost.compute_dtype_for(dtype)) / chip.memory_bandwidth
+    low = min(min(intensities), ridge) / 4
+    high = max(max(intensities), ridge) * 4
+    roofline(
+        ax,
+        chip,
+        dtype=cost.compute_dtype_for(dtype),
+        intensity_range=(low, high),
+        flops_unit=flops_unit,
+        flops_unit_name=flops_unit_name,
+    )
+    for row_name, marker in ROW_MARKERS.items():
+        mine = [r for r in rows if r["row"] == row_name]
+        ax.plot(
+            [r["intensity"] for r in mine],
+            [r["flop_rate"] / flops_unit for r in mine],
+            marker,
+            color="C3" if row_name == "attention" else "C2",
+            markersize=7,
+            linestyle="none",
+            label=row_name,
+        )
+        if annotate:  # points that coincide (attention at any batch) share one label
+            spots: dict[tuple, list[str]] = {}
+            for r in mine:
+                spot = (float(f"{r['intensity']:.2g}"), float(f"{r['flop_rate']:.2g}"))
+                spots.setdefault(spot, []).append(r["label"])
+            placed: list[tuple[float, float]] = []
+            for (x, y), labels in spots.items():
+                # Stack the labels of nearby points (within 30%) instead of printing them over each other.
+                near = sum(
+                    abs(np.log(x / px)) < 0.3 and abs(np.log(y / py)) < 0.3 for px, py in placed
+                )
+                placed.append((x, y))
+                step = 12 if row_name == "attention" else -12
+                ax.annotate(
+                    ", ".join(labels),
+                    (x, y / flops_unit),
+                    textcoords="offset points",
+                    xytext=(6, (6 if row_name == "attention" else -14) + near * step),
+                    fontsize=9,
+                )
+    ax.legend(loc="lower right", fontsize=8)
+    return rows
+
+
 def memory_bar(
     ax,
     bars: Mapping[str, Mapping[str, float]],
@@ -198,3 +293,34 @@ def memory_bar(
         )
     ax.legend(loc="best", fontsize=8)
     return dict(zip(bars, offsets.tolist()))
+
+
+def book_style(figure_format: str = "svg") -> None:
+    """The book's figure settings; every chapter calls this once, after importing matplotlib.
+
+    Figures are drawn as SVG (sharp at any screen density, text stays text) where the notebook
+    runs under IPython, and as 2x PNG when saved elsewhere. The font sizes are chosen so that an
+    11-inch-wide two-panel figure, scaled down to the book's content column, still reads at about
+    the size of the body text.
+    """
+    import matplotlib as mpl
+
+    mpl.rcParams.update(
+        {
+            "font.size": 12,
+            "axes.titlesize": 12,
+            "axes.labelsize": 12,
+            "legend.fontsize": 10,
+            "xtick.labelsize": 11,
+            "ytick.labelsize": 11,
+            "savefig.dpi": 200,
+            "figure.dpi": 100,
+        }
+    )
+    try:  # only inside IPython/Jupyter: choose what the inline backend sends to the page
+        from IPython import get_ipython
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        set_matplotlib_formats(figure_format)

@@ -87,3 +87,33 @@ def test_memory_bar_rejects_bad_input(ax):
         memory_bar(ax, {"a": {"weights": -1.0}})
     with pytest.raises(ValueError, match="at least one bar"):
         memory_bar(ax, {})
+
+
+def test_ledger_roofline_puts_both_rows_on_the_roof(ax):
+    from memwall.plots import ledger_roofline
+
+    rows = ledger_roofline(
+        ax,
+        "llama-3-8b",
+        "h100-sxm",
+        [
+            {"label": "B=1", "batch": 1},
+            {"label": "B=1024", "batch": 1024, "context": 1024},
+            {"label": "MHA", "batch": 1, "kv_heads": 32},
+        ],
+    )
+    by = {(r["label"], r["row"]): r for r in rows}
+    assert len(rows) == 6
+    assert by["B=1024", "weight matmuls"]["bound"] == "compute"
+    assert by["B=1024", "attention"]["bound"] == "memory"
+    assert by["B=1", "weight matmuls"]["bound"] == "memory"
+    # GQA (8 KV heads for 32) puts attention at 4 FLOPs/byte, MHA at 1.
+    assert by["B=1", "attention"]["intensity"] == pytest.approx(4.0)
+    assert by["MHA", "attention"]["intensity"] == pytest.approx(1.0)
+    # A compute-bound point sits on the flat roof; a memory-bound one on the slope.
+    assert by["B=1024", "weight matmuls"]["flop_rate"] == pytest.approx(989e12)
+    assert by["B=1", "attention"]["flop_rate"] == pytest.approx(4.0 * 3.35e12)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "weight matmuls" in labels and "attention" in labels
+    with pytest.raises(ValueError, match="choose from batch"):
+        ledger_roofline(ax, "llama-3-8b", "h100-sxm", [{"label": "x", "users": 3}])
