@@ -1,104 +1,77 @@
-"""`memwall serve` (start the OpenAI-compatible server) and `memwall bench serve` (load-test any endpoint)."""
+"""`memwall serve`: start the OpenAI-compatible, continuously batching server on a model.
+
+(`memwall bench serve`, which measures any such server, lives in memwall.bench.serve.)
+"""
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 
 
 def register_cli(subparsers):
     parser = subparsers.add_parser(
-        "serve", help="serve memwall's engine over an OpenAI-compatible HTTP API"
+        "serve",
+        help="serve memwall's engine over an OpenAI-compatible HTTP API, with continuous batching",
     )
-    parser.add_argument("--model", default="smollm2-135m", help="model name or hub id")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--dtype", help="fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument(
+        "--max-batch", type=int, default=16, help="requests decoded together (default 16)"
+    )
+    parser.add_argument(
+        "--kv-tokens", type=int, default=16384, help="token slots in the paged KV cache (16384)"
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
+    parser.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait; more get 503 (64)"
+    )
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=0,
+        help="prefill at most this many prompt tokens per step, between decode steps (0: whole)",
+    )
     parser.set_defaults(run=run_serve)
 
 
-def add_bench_serve(bench_subparsers):
-    parser = bench_subparsers.add_parser(
-        "serve", help="TTFT/TPOT of an OpenAI-compatible endpoint under load"
-    )
-    parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
-    parser.add_argument("--requests", type=int, default=8, help="stop after this many requests")
-    parser.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to ask for per request")
-    parser.add_argument(
-        "--prompt",
-        default="Explain why decoding a language model is limited by memory bandwidth.",
-        help="the prompt every request sends",
-    )
-    parser.add_argument(
-        "--served-model", default=None, help="the 'model' field to send, if the server needs one"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.set_defaults(run=run_bench_serve)
-
-
 def run_serve(args):
-    from memwall import models
+    from memwall.bench import harness, workload
     from memwall.engine import Transformer
     from memwall.serving.server import start_server
 
-    ensure_port_free(args.host, args.port)  # before the slow model load
-    hf_model, tokenizer = models.load(args.model)
-    try:
-        server = start_server(
-            Transformer.from_hf(hf_model), tokenizer, args.model, args.host, args.port
-        )
-    except OSError as error:  # taken meanwhile, or an address this machine does not have
-        raise ValueError(f"cannot serve on {args.host}:{args.port}: {error.strerror}") from None
+    if args.prefill_chunk < 0 or args.max_batch < 1 or args.max_queue < 0:
+        raise ValueError("--prefill-chunk and --max-queue must be >= 0 and --max-batch >= 1")
+    device = harness.resolve_device(args.device)
+    dtype = harness.resolve_dtype(args.dtype, device)
+    hf_model, tokenizer = workload.load_model(args.model, dtype, device)
+    if tokenizer is None:
+        raise ValueError(f"{args.model!r} has no tokenizer to serve text with; use a real model")
+    engine = Transformer.from_hf(hf_model)
+    del hf_model  # the engine holds its own copy of the weights
+    server = start_server(
+        engine,
+        tokenizer,
+        args.model,
+        args.host,
+        args.port,
+        kv_tokens=args.kv_tokens,
+        block_size=args.block_size,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        prefill_chunk=args.prefill_chunk or None,
+    )
+    chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
     print(
-        f"memwall serving {args.model} at http://{args.host}:{server.server_port}/v1 (Ctrl-C to stop)"
+        f"memwall serving {args.model} on {device} ({dtype}) at "
+        f"http://{args.host}:{server.server_port}/v1: batches of up to {args.max_batch}, "
+        f"{args.kv_tokens} KV slots{chunk} (Ctrl-C to stop)",
+        flush=True,
     )
     try:
-        threading.Event().wait()  # the server runs in its own thread
+        threading.Event().wait()  # the server runs in its own threads
     except KeyboardInterrupt:
         server.shutdown()
     return 0
-
-
-def ensure_port_free(host: str, port: int) -> None:
-    """A ValueError naming the port when something already listens there (or it is not ours)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself does
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise ValueError(
-                f"cannot serve on {host}:{port}: {error.strerror}; choose another --port."
-            ) from None
-
-
-def run_bench_serve(args):
-    from memwall.serving.load import run_load
-
-    summary = run_load(
-        args.url,
-        args.concurrency,
-        args.requests,
-        args.duration,
-        args.max_tokens,
-        args.prompt,
-        args.served_model,
-    )
-    if args.json:
-        print(json.dumps(summary, indent=2))
-        return 0 if summary["succeeded"] else 1
-    print(
-        f"{args.url}  concurrency {args.concurrency}: {summary['succeeded']}/{summary['requests']} requests ok "
-        f"in {summary['wall_s']:.1f} s"
-    )
-    for name in ("ttft", "tpot", "latency"):
-        s = summary[name]
-        if s["median_ms"] is not None:
-            print(
-                f"  {name.upper():8s} median {s['median_ms']:9.1f} ms   p90 {s['p90_ms']:9.1f} ms"
-            )
-    print(f"  throughput {summary['throughput_tok_per_s']:.1f} output tok/s")
-    for error in summary["errors"]:
-        print(f"  error: {error}")
-    return 0 if summary["succeeded"] else 1
