@@ -337,3 +337,19 @@ def test_bench_batch_fractions_come_from_probe_pairs(tiny_hf):
         assert row["predicted_tok_per_s"] == pytest.approx(
             row["batch"] * 15e9 / row["predicted_bytes_per_step"]
         )
+
+
+def test_timed_against_roofline_pairs_each_call_with_its_probe():
+    calls = []
+    probe = FakeProbe([4e9, 8e9])
+    with pytest.warns(harness_probe.RooflineSpreadWarning, match="2.00x"):
+        result = harness_probe.timed_against_roofline(
+            lambda: calls.append(1), bytes_per_call=1e6, repeats=3, warmup=1, probe=probe
+        )
+    assert len(calls) == 4 and probe.calls == 4
+    assert result["bandwidth_probes_bytes_per_s"] == [8e9, 4e9, 8e9]
+    expected = [(1 / s) / (bw / 1e6) for s, bw in zip(result["seconds_repeats"], [8e9, 4e9, 8e9])]
+    assert result["fraction_of_roofline_repeats"] == pytest.approx(expected)
+    assert "roofline_warning" in result
+    with pytest.raises(ValueError, match="bytes_per_call"):
+        harness_probe.timed_against_roofline(lambda: None, 0, probe=probe)

@@ -48,7 +48,10 @@ def resolve_device(device: str | None) -> str:
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:
-    """A dtype name from DTYPES; default fp32 on CPU (no native 16-bit math) and bf16 on a GPU."""
+    """A dtype name from DTYPES; default fp32 on CPU and bf16 on a GPU.
+
+    fp32 on a CPU because that is the engine's reference path there, not because every CPU lacks
+    bf16: `memwall.fingerprint.has_native_bf16()` says whether this one has it."""
     if dtype is None:
         return "fp32" if device == "cpu" else "bf16"
     if dtype not in DTYPES:

@@ -104,7 +104,7 @@ def warn_if_unstable(probes: list[float], what: str = "benchmark") -> str | None
         f"{what}: the bandwidth probes disagreed by {spread:.2f}x "
         f"({min(probes) / 1e9:.1f} to {max(probes) / 1e9:.1f} GB/s): the machine's memory "
         "bandwidth changed during the run. Each fraction of the roofline uses the probe next to "
-        "it, but treat absolute tokens/s with care."
+        "it, but treat absolute speeds with care."
     )
     warnings.warn(message, RooflineSpreadWarning, stacklevel=2)
     return message
@@ -125,3 +125,59 @@ def paired_fractions(
         rate / min(probe / bytes_per_unit, compute_roof or float("inf"))
         for rate, probe in zip(achieved, probes)
     ]
+
+
+def timed_against_roofline(
+    fn,
+    bytes_per_call: float,
+    repeats: int = 5,
+    warmup: int = 1,
+    flops_per_call: float = 0.0,
+    peak_flops: float | None = None,
+    device="cpu",
+    probe=None,
+) -> dict:
+    """Time `fn()` with a bandwidth probe before each call, for chapters that measure a kernel or a
+    step against the roofline: the fraction is the median over (probe, call) pairs.
+
+    bytes_per_call / flops_per_call: what one call must move and compute (its ceiling is
+    min(bandwidth / bytes, peak / FLOPs) calls per second; no peak: the memory roof alone).
+    Returns seconds (median), the fraction and its repeats, and the probes' min/median/max/spread;
+    warns (RooflineSpreadWarning) when the probes disagree by more than 20%.
+    """
+    from memwall.validate import count
+
+    count("repeats", repeats, 1)
+    count("warmup", warmup, 0)
+    if not bytes_per_call > 0:
+        raise ValueError(f"bytes_per_call must be positive, got {bytes_per_call!r}.")
+    owned = probe is None
+    probe = RooflineProbe(device) if owned else probe
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    seconds, probes = [], []
+    try:
+        for index in range(warmup + repeats):
+            bandwidth = probe()
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            if index >= warmup:
+                seconds.append(time.perf_counter() - start)
+                probes.append(bandwidth)
+    finally:
+        if owned:
+            probe.close()
+    compute_roof = peak_flops / flops_per_call if peak_flops and flops_per_call else None
+    fractions = paired_fractions([1 / s for s in seconds], probes, bytes_per_call, compute_roof)
+    result = {
+        "seconds": statistics.median(seconds),
+        "seconds_repeats": seconds,
+        "fraction_of_roofline": statistics.median(fractions),
+        "fraction_of_roofline_repeats": fractions,
+        **spread_fields(probes),
+    }
+    message = warn_if_unstable(probes, "timed_against_roofline")
+    if message:
+        result["roofline_warning"] = message
+    return result
