@@ -351,14 +351,3 @@ def test_exercises_command_check_mode_exit_codes(tmp_path):
     assert run().returncode == 0
     in_sync = run("--check")
     assert in_sync.returncode == 0 and "in sync" in in_sync.stdout
-
-
-def test_result_signatures_reject_forgeries():
-    from memwall.grading.signing import sign, verify
-
-    record = {"cell": 3, "passed": False}
-    signed = sign(b"key", record)
-    assert verify(b"key", signed) == record
-    assert verify(b"key", {**signed, "passed": True}) is None
-    assert verify(b"other key", signed) is None
-    assert verify(b"key", record) is None

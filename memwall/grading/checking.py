@@ -1,43 +1,65 @@
-"""``check(name, answer)``: what a check cell calls.
+"""``check(name, answer)``: what a check cell calls, and ``run_check``, what the grader calls.
 
-It runs the registered check on hidden cases drawn from a random generator seeded by the
-check's name plus a fresh random component, so the cases change on every run and cannot be
-hard-coded. Success prints one line; failure raises ``AssertionError`` with one helpful message,
-which is what makes nbval (and so the grader) count the cell as failed.
+Both run the registered check on hidden cases drawn from a random generator with a fresh
+random component, so the cases change on every run and cannot be hard-coded. In a notebook,
+success prints one line and failure raises ``AssertionError`` with one helpful message, which
+is what makes nbval fail the cell. The grader calls ``run_check`` in its own process, with the
+student's function reached through the grading channel, and scores the verdict itself.
 """
 
 import os
 import random
 import secrets
+from dataclasses import dataclass
 
 from memwall.grading.registry import get_check
 
 PASS_MARK = "✓"
-# Set this to replay the same hidden cases, e.g. while writing a check.
+# Set this to replay the same hidden cases in a notebook, e.g. while writing a check. The
+# grader never reads it: its cases come from grader_rng().
 SEED_VARIABLE = "MEMWALL_CHECK_SEED"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    message: str  # "12/12 cases passed", or "<name>: why it failed"
 
 
 def check(name, answer, **context):
     """Grade ``answer`` (usually the student's function) with the check registered as ``name``."""
     __tracebackhide__ = True  # IPython hides this frame: students see the message, not memwall.
-    spec = get_check(name)
     rng = random.Random(f"{name}:{random_component()}")
+    verdict = run_check(get_check(name), answer, rng, **context)
+    if not verdict.passed:
+        raise AssertionError(verdict.message)
+    print(f"{PASS_MARK} {name}: {verdict.message}")
+
+
+def run_check(spec, answer, rng, **context) -> Verdict:
+    """Run one check on ``answer``; never raises for a wrong or unfinished answer."""
+    name = spec.name
     try:
         cases = spec.function(answer, rng, **context)
     except NotImplementedError as error:
-        raise AssertionError(f"{name}: not implemented yet ({error})") from None
+        return Verdict(False, f"{name}: not implemented yet ({error})")
     except AssertionError as error:
-        raise AssertionError(f"{name}: {error}") from None
+        return Verdict(False, f"{name}: {error}")
     except Exception as error:
-        raise AssertionError(
-            f"{name}: checking your answer raised {type(error).__name__}: {error}"
-        ) from None
+        return Verdict(
+            False, f"{name}: checking your answer raised {type(error).__name__}: {error}"
+        )
     cases = cases if isinstance(cases, int) and cases > 0 else 1
-    print(f"{PASS_MARK} {name}: {cases}/{cases} cases passed")
+    return Verdict(True, f"{cases}/{cases} cases passed")
 
 
 def random_component() -> str:
     return os.environ.get(SEED_VARIABLE) or str(secrets.randbits(64))
+
+
+def grader_rng(name) -> random.Random:
+    """The grader's generator for one check: fresh secret bits, no environment variable."""
+    return random.Random(f"{name}:{secrets.token_hex(16)}")
 
 
 def numpy_rng(rng):

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from memwall.grading.grader import DEFAULT_CELL_TIMEOUT, DEFAULT_NOTEBOOK_TIMEOUT
+from memwall.grading.sandbox import Limits
 
 EXIT_PROBLEMS = 1
 
@@ -56,7 +57,33 @@ def register_cli(subparsers):
         "--jobs", type=int, default=1, metavar="N", help="notebooks graded in parallel"
     )
     grade.add_argument(
+        "--call-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="limit per call of a student's function (default: the cell timeout)",
+    )
+    grade.add_argument(
         "--solutions", default="solutions", metavar="DIR", help="folder of solution notebooks"
+    )
+    grade.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run notebooks without bubblewrap (student code can then touch your files)",
+    )
+    grade.add_argument(
+        "--memory-limit",
+        type=float,
+        default=Limits.memory_bytes / 2**30,
+        metavar="GB",
+        help=f"address-space limit per notebook (default {Limits.memory_bytes / 2**30:g})",
+    )
+    grade.add_argument(
+        "--bind-ro",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a further folder the sandbox may read, e.g. a model cache (repeatable)",
     )
     grade.add_argument(
         "--json", action="store_true", help="print the rows as JSON instead of a summary"
@@ -99,19 +126,31 @@ def run_exercises(args) -> int:
 
 
 def run_grade(args) -> int:
-    from memwall.grading.grader import grade
+    """Exit 0 when every notebook was graded, 1 when one could not be (its status says why)."""
+    from dataclasses import replace
 
+    from memwall.grading.grader import check_ready, grade
+
+    check_ready(args.timeout, args.cell_timeout, args.jobs, args.call_timeout)
+    if not args.memory_limit > 0:
+        raise ValueError(f"--memory-limit must be a positive number of GB, got {args.memory_limit}")
     if not Path(args.submissions).is_dir():
         raise ValueError(f"no submissions folder {args.submissions!r}")
     if not Path(args.solutions).is_dir():
         raise ValueError(f"no solutions folder {args.solutions!r} (use --solutions DIR)")
+    limits = replace(Limits(), memory_bytes=int(args.memory_limit * 2**30))
     rows = grade(
         args.submissions, args.out, feedback_dir=args.feedback, timeout=args.timeout,
-        cell_timeout=args.cell_timeout, jobs=args.jobs, solutions_dir=args.solutions, progress=not args.json,
+        cell_timeout=args.cell_timeout, jobs=args.jobs, solutions_dir=args.solutions,
+        progress=not args.json, sandbox="auto" if not args.no_sandbox else False,
+        call_timeout=args.call_timeout, limits=limits, read_only_paths=args.bind_ro,
     )  # fmt: skip
     if args.json:
         print(json.dumps([row_as_dict(row) for row in rows], indent=2))
-    return 0
+    ungraded = [row for row in rows if not row.graded]
+    for row in ungraded:
+        print(f"could not grade {row.student}, {row.notebook}: {row.status}", file=sys.stderr)
+    return EXIT_PROBLEMS if ungraded else 0
 
 
 def row_as_dict(row) -> dict:

@@ -10,38 +10,53 @@ import copy
 import math
 import numbers
 
+from memwall.exercise_driver.values import build_arguments
+
 # A student's answer is rarely bit-identical to the reference (another summation order,
 # float vs int), so "equal" means equal to about six significant digits by default.
 DEFAULT_RTOL = 1e-6
 SHOWN_CHARACTERS = 120
 
 
-def compare_function(student, reference, cases, rtol=DEFAULT_RTOL, atol=0.0) -> int:
+def compare_function(student, reference, cases, rtol=DEFAULT_RTOL, atol=0.0, compare=None) -> int:
     """Check ``student(*case) == reference(*case)`` for every case; return the number of cases.
 
     A case is a dict of keyword arguments, a tuple of positional arguments, or a single argument.
+    Build specs in a case (exercise_driver.values.build_spec) become objects for both functions.
+    ``compare(expected, got)`` returns None or what differs; by default ``difference`` with
+    ``rtol`` and ``atol``. A student function served over the grading channel (it has
+    ``call_plain``) gets the case as plain data and builds the objects in its own process.
     """
     __tracebackhide__ = True  # IPython hides this frame, so students see the message only.
     if not callable(student):
         raise AssertionError(f"expected a function, got {describe_type(student)} {show(student)}")
+    compare = compare or (lambda expected, got: difference(expected, got, rtol, atol))
     cases = list(cases)
     for number, case in enumerate(cases, 1):
         args, kwargs = split_case(case)
-        expected = reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        expected = reference(*fresh(args), **fresh(kwargs))
         call = describe_call(student, args, kwargs)
         try:
             # Copies, so a student function that mutates its input cannot change the case.
-            got = student(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+            if hasattr(student, "call_plain"):
+                got = student.call_plain(args, kwargs)
+            else:
+                got = student(*fresh(args), **fresh(kwargs))
         except NotImplementedError:
             raise
         except Exception as error:
             raise AssertionError(f"{call} raised {type(error).__name__}: {error}") from None
-        problem = difference(expected, got, rtol, atol)
+        problem = compare(expected, got)
         if problem:
             raise AssertionError(
                 f"wrong answer for {call}: {problem} (case {number} of {len(cases)})"
             )
     return len(cases)
+
+
+def fresh(arguments):
+    """A deep copy of a case's arguments with its build specs built."""
+    return build_arguments(copy.deepcopy(arguments))
 
 
 def compare_value(answer, expected, rtol=DEFAULT_RTOL, atol=0.0, what="your answer") -> int:

@@ -6,12 +6,18 @@ that fails it stops the kernel and fails every later cell with "Kernel dead on t
 which would zero exercises that had nothing to do with the fault. So ``run_notebook`` reruns
 the notebook with the fatal cell replaced by a ``raise``, keeping the earlier run's results up
 to that cell, until every cell has an honest result or the notebook's wall-clock budget is spent.
-The whole pytest process group, and the kernel's own process group, are killed at the deadline.
+
+Each run gets a fresh scratch folder holding only the notebook, its private $HOME and /tmp;
+with a ``Setup.sandbox`` it runs inside bubblewrap (sandbox.py), else directly with the same
+cleared environment and limits. The whole process group is killed at the deadline (in the
+sandbox that ends the PID namespace, and with it every process the student started). The
+per-cell records (exercise_driver.recorder) come from inside the run, so they decide no points:
+they only explain a zero, and are read defensively (safe_files.py).
 """
 
 import json
 import os
-import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +30,8 @@ from pathlib import Path
 import nbformat
 
 from memwall.grading.cells import code_cells
-from memwall.grading.signing import verify
+from memwall.grading.safe_files import UnsafeFile, read_regular
+from memwall.grading.sandbox import INSIDE_CHANNEL, INSIDE_SCRATCH, Limits, Sandbox, environment
 
 KERNEL_DEAD = "Kernel dead on test start"
 CELL_TIMEOUT_PREFIX = "Timeout of"
@@ -33,6 +40,8 @@ SKIPPED_SOURCE = (
     'because in the first run it {reason}")'
 )
 LOG_TAIL_CHARACTERS = 2000
+MAX_RECORDS_BYTES = 8 * 2**20
+SOCKET_NAME = "grader.sock"
 # Process groups of the pytest runs in flight, so an interrupted grader can end them all.
 _RUNNING_GROUPS = set()
 _RUNNING_LOCK = threading.Lock()
@@ -68,20 +77,39 @@ class NotebookRun:
     runs: int = 0
     log_tail: str = ""
     returncode: int = None
-    forged_records: int = 0  # results with a bad signature: student code wrote them
+    unreadable_records: str = ""  # why the per-cell records could not be read, if so
 
 
-def run_notebook(nb, cell_timeout, wall_timeout, threads=None) -> NotebookRun:
+@dataclass
+class Setup:
+    """Where and how a notebook runs: a grader-private folder, and the sandbox (None: none)."""
+
+    work_dir: Path
+    sandbox: Sandbox = None
+    threads: int = None
+    call_limit: float = None  # the student's side stops one call after this many seconds
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def channel_dir(self) -> Path:
+        return self.work_dir / "channel"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.channel_dir / SOCKET_NAME
+
+
+def run_notebook(nb, cell_timeout, wall_timeout, threads=None, setup=None) -> NotebookRun:
     """Run ``nb``; return one CellOutcome per code cell that got a result."""
     deadline = time.monotonic() + wall_timeout
     result = NotebookRun()
     nb = nbformat.from_dict(nb)  # a private copy: fatal cells get replaced below
     first_unsettled = 0
     while True:
-        once = run_notebook_once(nb, cell_timeout, deadline - time.monotonic(), threads)
+        once = run_notebook_once(nb, cell_timeout, deadline - time.monotonic(), threads, setup)
         result.runs += 1
         result.log_tail, result.returncode = once.log_tail, once.returncode
-        result.forged_records += once.forged_records
+        result.unreadable_records = once.unreadable_records
         # Cells before first_unsettled already have their result from an earlier run.
         result.cells.update({i: o for i, o in once.cells.items() if i >= first_unsettled})
         if once.wall_timeout:
@@ -103,87 +131,126 @@ def fatal_cell(cells: dict):
     return min(dead) - 1 if dead else None
 
 
-def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None) -> NotebookRun:
+def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None, setup=None) -> NotebookRun:
     result = NotebookRun(runs=1)
     if wall_timeout <= 0:
         result.wall_timeout = True
         return result
-    with tempfile.TemporaryDirectory(prefix="memwall-run-") as workdir:
-        workdir = Path(workdir)
-        notebook_path = workdir / "submission.ipynb"
-        results_path = workdir / "results.jsonl"
-        log_path = workdir / "pytest.log"
-        key_path = workdir / "key"
-        key = secrets.token_hex(32).encode()
-        key_path.write_bytes(key)
-        key_path.chmod(0o600)
-        nbformat.write(nbformat.from_dict(nb), str(notebook_path))
-        # An empty config file makes workdir the rootdir, away from any project's pytest settings.
-        (workdir / "pytest.ini").write_text("[pytest]\n")
-        command = [
-            sys.executable, "-m", "pytest", str(notebook_path),
-            "-p", "nbval.plugin", "-p", "memwall.grading.nbval_plugin", "-p", "no:cacheprovider",
-            "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout}",
-            f"--memwall-results={results_path}", f"--memwall-key-file={key_path}",
-            "-q", "--tb=no", "-o", "addopts=",
-        ]  # fmt: skip
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=child_environment(threads), start_new_session=True,
-            )  # fmt: skip
-            with _RUNNING_LOCK:
-                _RUNNING_GROUPS.add(process.pid)
-            try:
-                result.returncode = process.wait(timeout=wall_timeout)
-            except subprocess.TimeoutExpired:
-                result.wall_timeout = True
-                kill_group(process.pid)
-                result.returncode = process.wait()
-            finally:
-                with _RUNNING_LOCK:
-                    _RUNNING_GROUPS.discard(process.pid)
-        signed = read_records(results_path)
-        records = [record for record in (verify(key, raw) for raw in signed) if record is not None]
-        result.forged_records = len(signed) - len(records)
-        # The kernel runs in its own session; kill that too, with anything the student started.
-        for record in records:
-            if "kernel_pid" in record:
-                kill_group(record["kernel_pid"])
-        for record in records:
-            if "cell" in record:
-                fields = {
-                    name: record[name]
-                    for name in CellOutcome.__dataclass_fields__
-                    if name in record
-                }
-                result.cells[record["cell"]] = CellOutcome(**fields)
-        result.log_tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARACTERS:]
+    if setup is None:  # a throwaway, unsandboxed run (the CI's blank-copy test uses this)
+        with tempfile.TemporaryDirectory(prefix="memwall-run-") as work_dir:
+            return run_notebook_once(
+                nb, cell_timeout, wall_timeout, threads, Setup(Path(work_dir), threads=threads)
+            )
+    scratch = Path(tempfile.mkdtemp(prefix="run-", dir=setup.work_dir))
+    try:
+        _run_in(scratch, nb, cell_timeout, wall_timeout, setup, result)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return result
 
 
-def child_environment(threads):
-    env = dict(os.environ)
-    # Only our two plugins: others installed in the environment could change how cells run.
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    if threads:
-        # Parallel notebooks must share the cores, not each grab all of them.
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env.setdefault(name, str(threads))
-    return env
+def _run_in(scratch, nb, cell_timeout, wall_timeout, setup, result):
+    sandboxed = setup.sandbox is not None
+    inside = Path(INSIDE_SCRATCH) if sandboxed else scratch
+    channel = Path(INSIDE_CHANNEL) / SOCKET_NAME if sandboxed else setup.socket_path
+    for folder in ("home", "tmp"):
+        (scratch / folder).mkdir()
+    startup = scratch / "home" / ".ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-memwall.py").write_text(
+        "from memwall.exercise_driver.driver import harden\nharden()\n"
+    )
+    nbformat.write(nbformat.from_dict(nb), str(scratch / "submission.ipynb"))
+    # An empty config file makes the scratch folder pytest's rootdir, away from any project's.
+    (scratch / "pytest.ini").write_text("[pytest]\n")
+    os.chmod(scratch, 0o755)
+    command = [
+        sys.executable, "-m", "pytest", str(inside / "submission.ipynb"),
+        "-p", "nbval.plugin", "-p", "memwall.exercise_driver.recorder", "-p", "no:cacheprovider",
+        "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={cell_timeout}",
+        f"--memwall-results={inside / 'results.jsonl'}", "-q", "--tb=no", "-o", "addopts=",
+    ]  # fmt: skip
+    limits = None  # an unsandboxed run's own cgroup, removed afterwards
+    if sandboxed:
+        command = setup.sandbox.command(command, scratch, setup.channel_dir)
+    else:
+        limits = Sandbox(setup.work_dir, setup.limits)
+        command = limits.unsandboxed(command)
+    env = environment(
+        setup.threads, inside / "home", inside / "tmp" if not sandboxed else "/tmp", channel,
+        setup.call_limit,
+    )  # fmt: skip
+    log_path = setup.work_dir / f"pytest-{scratch.name}.log"
+    try:
+        with open(log_path, "wb") as log:
+            result.returncode = _wait(command, scratch, log, env, wall_timeout, result)
+    finally:
+        if limits is not None:
+            limits.close()
+    records, result.unreadable_records = read_records(scratch / "results.jsonl")
+    if not sandboxed:
+        # Unsandboxed, the kernel runs in its own session: kill it too, and what it started.
+        for record in records:
+            if "kernel_pid" in record:
+                kill_group(record["kernel_pid"])
+    for record in records:
+        outcome = cell_outcome(record)
+        if outcome is not None:
+            result.cells[outcome.cell] = outcome
+    try:
+        tail = read_regular(log_path, LOG_TAIL_CHARACTERS * 4, tail=True)
+    except OSError:
+        tail = b""
+    result.log_tail = tail.decode("utf-8", errors="replace")[-LOG_TAIL_CHARACTERS:]
 
 
-def read_records(path: Path) -> list:
-    if not path.exists():
-        return []
+def _wait(command, scratch, log, env, wall_timeout, result):
+    process = subprocess.Popen(
+        command, cwd=scratch, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    with _RUNNING_LOCK:
+        _RUNNING_GROUPS.add(process.pid)
+    try:
+        return process.wait(timeout=wall_timeout)
+    except subprocess.TimeoutExpired:
+        result.wall_timeout = True
+        kill_group(process.pid)
+        return process.wait()
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING_GROUPS.discard(process.pid)
+
+
+def cell_outcome(record):
+    """A CellOutcome from one record, or None when the record is malformed."""
+    fields = CellOutcome.__dataclass_fields__
+    if not isinstance(record, dict) or not isinstance(record.get("cell"), int):
+        return None
+    values = {name: record[name] for name in fields if name in record}
+    for name in ("stdout", "error", "message"):
+        values[name] = str(values.get(name, ""))[-20_000:]
+    values["passed"], values["ran"] = bool(values.get("passed")), bool(values.get("ran", True))
+    exit_code = values.get("kernel_exit")
+    values["kernel_exit"] = exit_code if isinstance(exit_code, int) else None
+    return CellOutcome(**values)
+
+
+def read_records(path: Path) -> tuple:
+    """(the JSON records in ``path``, "" or why they could not be read)."""
+    try:
+        data = read_regular(path, MAX_RECORDS_BYTES)
+    except FileNotFoundError:
+        return [], ""
+    except (UnsafeFile, OSError) as error:
+        return [], str(error)
     records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue  # a line cut short by a kill
-    return records
+    return records, ""
 
 
 def kill_running_notebooks():
@@ -195,7 +262,10 @@ def kill_running_notebooks():
 
 
 def kill_group(pid):
+    # A pid from a record is the student's word: never our own group, never init.
+    if not isinstance(pid, int) or pid <= 1 or pid == os.getpgid(0):
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except (ProcessLookupError, PermissionError, OSError):
         pass

@@ -1,34 +1,46 @@
 """The instructor's grader: ``grade(submissions_dir, out_csv, ...)``, i.e. `memwall grade`.
 
-For each submitted notebook: read it (reporting files that are not notebooks), match it to its
-solution by chapter name, restore the solution's check cells around the student's exercise code
-(restore.py), run it under nbval with time limits (execute.py), and score each check cell by
-whether it passed. One problem never stops the batch: every submission gets a row, and the
-row's status says what went wrong.
+For each submitted notebook: read it defensively (reporting files that are not notebooks,
+links and duplicates), match it to its solution by chapter name, restore the solution's cells
+around the student's exercise code (restore.py), turn the check cells into ``serve`` cells
+(serving.py), and run it sandboxed with time limits (execute.py, sandbox.py) while the grader
+judges every check itself through the grading channel (channel.py). One problem never stops the
+batch: every submission gets a row, and the row's status says what went wrong. The CSV and the
+feedback files are rewritten atomically as rows finish, so an interrupted batch leaves the rows
+it finished.
 """
 
-import json
 import os
-import re
+import shutil
+import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from memwall.grading.cells import check_cells
-from memwall.grading.checking import PASS_MARK
-from memwall.grading.execute import kill_running_notebooks, run_notebook
+from memwall.grading.channel import GraderChannel
+from memwall.grading.execute import Setup, kill_running_notebooks, run_notebook
+from memwall.grading.registry import get_check
 from memwall.grading.restore import restore_submission
-from memwall.grading.submissions import Submission, find_submissions
+from memwall.grading.sandbox import Limits, Sandbox, bwrap_path
+from memwall.grading.scoring import explain_failure, last_line, run_notes, score_checks
+from memwall.grading.serving import serve_checks
+from memwall.grading.submissions import Submission, find_submissions, read_submission
 from memwall.grading.sync import notebooks_in, read_notebook
 from memwall.grading.tampering import tampering_flags
+
+__all__ = ["grade", "grade_submission", "explain_failure", "read_submission", "SolutionBook"]
 
 # Generous defaults: a real chapter may load a model (about 20 s cold) before its checks run.
 DEFAULT_NOTEBOOK_TIMEOUT = 900
 DEFAULT_CELL_TIMEOUT = 300
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+REQUIRED_MODULES = ("pytest", "nbval", "ipykernel")
+UNSANDBOXED_WARNING = (
+    "warning: bubblewrap (bwrap) is not available, so notebooks run UNSANDBOXED: student code "
+    "can read and change anything this user can (install bubblewrap: `make grade` does it)"
+)
 
 
 @dataclass
@@ -49,6 +61,7 @@ class GradeRow:
     max_points: float = 0
     seconds: float = 0.0
     feedback_name: str = ""
+    graded: bool = True  # False: the grader could not grade it (see status); exit code 1
 
     @property
     def total(self) -> float:
@@ -57,6 +70,17 @@ class GradeRow:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Options:
+    timeout: float
+    cell_timeout: float
+    call_timeout: float
+    sandbox: bool
+    threads: int
+    limits: Limits
+    read_only_paths: tuple
 
 
 def grade(
@@ -68,47 +92,88 @@ def grade(
     jobs=1,
     solutions_dir="solutions",
     progress=True,
+    sandbox="auto",
+    call_timeout=None,
+    limits=Limits(),
+    read_only_paths=(),
 ) -> list:
-    """Grade every notebook in ``submissions_dir``; write ``out_csv`` (and feedback); return the rows."""
+    """Grade every notebook in ``submissions_dir``; write ``out_csv`` (and feedback); return the rows.
+
+    ``sandbox``: "auto" (bubblewrap where it works, else a warning), True (required) or False.
+    ``call_timeout``: the limit on one call of a student's function (default: ``cell_timeout``).
+    """
     from tqdm.auto import tqdm
 
-    from memwall.grading.report import print_summary, write_csv, write_feedback
+    from memwall.grading.report import ReportWriter, print_summary
 
+    check_ready(timeout, cell_timeout, jobs, call_timeout)
+    use_sandbox = resolve_sandbox(sandbox)
     started = time.monotonic()
+    writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
     submissions, skipped = find_submissions(submissions_dir)
     solutions = SolutionBook(solutions_dir)
-    jobs = max(1, int(jobs))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    rows = []
+    jobs = int(jobs)
+    options = Options(
+        float(timeout), float(cell_timeout), float(call_timeout or cell_timeout), use_sandbox,
+        max(1, (os.cpu_count() or 1) // jobs), limits, tuple(read_only_paths),
+    )  # fmt: skip
     pool = ThreadPoolExecutor(max_workers=jobs)
-    futures = [
-        pool.submit(grade_submission, submission, solutions, timeout, cell_timeout, threads)
-        for submission in submissions
-    ]
+    futures = [pool.submit(grade_submission, s, solutions, options) for s in submissions]
     try:
         for future in tqdm(
-            as_completed(futures),
-            total=len(futures),
-            desc="grading",
-            unit="nb",
+            as_completed(futures), total=len(futures), desc="grading", unit="nb",
             disable=not progress,
-        ):
-            rows.append(future.result())
+        ):  # fmt: skip
+            writer.add(future.result())
     except KeyboardInterrupt:
         # Ctrl-C should stop now, not after every queued notebook has run to its timeout.
         pool.shutdown(wait=False, cancel_futures=True)
         kill_running_notebooks()
         raise
     pool.shutdown()
-    rows.sort(key=lambda row: (row.student, row.notebook))
-    write_csv(rows, out_csv)
-    if feedback_dir is not None:
-        Path(feedback_dir).mkdir(parents=True, exist_ok=True)
-        for row in rows:
-            write_feedback(row, Path(feedback_dir) / row.feedback_name)
+    writer.finish()
     if progress:
-        print_summary(rows, skipped, out_csv, feedback_dir, time.monotonic() - started)
-    return rows
+        print_summary(writer.rows, skipped, out_csv, feedback_dir, time.monotonic() - started)
+    return writer.rows
+
+
+def check_ready(timeout, cell_timeout, jobs, call_timeout=None):
+    """Refuse nonsense limits and a Python without the grading tools, before grading anything."""
+    import importlib.util
+
+    for name, value in (("timeout", timeout), ("cell timeout", cell_timeout)):
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"the {name} must be a positive number of seconds, got {value!r}")
+    if call_timeout is not None and not (
+        isinstance(call_timeout, (int, float)) and call_timeout > 0
+    ):
+        raise ValueError(
+            f"the call timeout must be a positive number of seconds, got {call_timeout!r}"
+        )
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
+    missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(
+            f"grading needs {', '.join(missing)}, which is not installed: "
+            "pip install 'memwall[grade]'"
+        )
+
+
+def resolve_sandbox(sandbox) -> bool:
+    if sandbox not in ("auto", True, False):
+        raise ValueError(f"sandbox must be 'auto', True or False, got {sandbox!r}")
+    if sandbox is False:
+        print("warning: --no-sandbox: notebooks run UNSANDBOXED", file=sys.stderr)
+        return False
+    if bwrap_path() is not None:
+        return True
+    if sandbox is True:
+        raise ValueError(
+            "the sandbox needs bubblewrap (bwrap), which is missing or cannot run here"
+        )
+    print(UNSANDBOXED_WARNING, file=sys.stderr)
+    return False
 
 
 class SolutionBook:
@@ -126,22 +191,20 @@ class SolutionBook:
         return self._cache[chapter]
 
 
-def grade_submission(
-    submission: Submission, solutions, timeout, cell_timeout, threads=None
-) -> GradeRow:
+def grade_submission(submission: Submission, solutions, options: Options) -> GradeRow:
     """Grade one notebook; never raises, a failure becomes the row's status."""
     started = time.monotonic()
     row = GradeRow(submission.student, submission.notebook, submission.chapter)
     row.feedback_name = submission.feedback_name
     try:
-        _grade_into(row, submission, solutions, timeout, cell_timeout, threads)
+        _grade_into(row, submission, solutions, options, started + options.timeout)
     except Exception as error:  # one broken submission must not stop the batch
-        row.status = f"grader error: {type(error).__name__}: {error}"
+        row.status, row.graded = f"grader error: {type(error).__name__}: {error}", False
     row.seconds = time.monotonic() - started
     return row
 
 
-def _grade_into(row, submission, solutions, timeout, cell_timeout, threads):
+def _grade_into(row, submission, solutions, options, deadline):
     if not submission.chapter:
         row.status = "bad file name: expected <student>__NN_slug.ipynb"
         return
@@ -153,6 +216,9 @@ def _grade_into(row, submission, solutions, timeout, cell_timeout, threads):
         CheckResult(name, points, 0, "not run") for _, name, points in check_cells(solution)
     ]
     row.max_points = sum(result.points for result in row.checks)
+    if submission.problem:
+        row.status, row.graded = submission.problem, False
+        return
     nb, problem = read_submission(submission.path)
     if problem:
         row.status = problem
@@ -161,36 +227,38 @@ def _grade_into(row, submission, solutions, timeout, cell_timeout, threads):
     if restored.matched_exercises == 0:
         row.status = wrong_chapter_status(nb, submission.chapter)
         return
-    run = run_notebook(restored.nb, cell_timeout, timeout, threads)
-    notes = restored.notes + run_notes(run, cell_timeout, timeout)
-    notes += [f"review: {flag}" for flag in tampering_flags(restored.student_sources)]
-    if run.forged_records:
-        notes.append("review: forged grading results (ignored)")
-    row.checks = score_checks(restored.nb, run, timeout)
-    if not run.cells and not run.wall_timeout:
+    # The scan is linear in the code's length and its time counts against the notebook's.
+    flags = tampering_flags(restored.student_sources)
+    notebook = serve_checks(restored.nb)
+    checks = {name: get_check(name) for _, name, _ in check_cells(notebook)}
+    run, verdicts = run_with_channel(notebook, checks, options, deadline - time.monotonic())
+    notes = restored.notes + run_notes(run, options.cell_timeout, options.timeout)
+    notes += [f"review: {flag}" for flag in flags]
+    row.checks = score_checks(notebook, run, verdicts, options.timeout)
+    if not run.cells and not run.wall_timeout and not verdicts:
         notes.append(f"notebook did not run: {last_line(run.log_tail)}")
+        row.graded = False
     row.status = "; ".join(notes) or "ok"
 
 
-def read_submission(path: Path):
-    """(notebook, None) or (None, what is wrong with the file)."""
-    data = path.read_bytes()
-    if not data.strip():
-        return None, "empty file"
+def run_with_channel(notebook, checks, options, wall_timeout):
+    """Run the notebook (sandboxed if asked) while the grader judges its checks: (run, verdicts)."""
+    work_dir = Path(tempfile.mkdtemp(prefix="memwall-grade-"))
+    sandbox = None
     try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None, "not JSON"
-    if not isinstance(raw, dict) or not isinstance(raw.get("cells", raw.get("worksheets")), list):
-        return None, "not a notebook"
-    try:
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4, capture_validation_error={})
-        nb.cells = [cell for cell in nb.cells if isinstance(cell, dict)]
-    except Exception as error:
-        return None, f"not a notebook: {type(error).__name__}"
-    if not nb.cells:
-        return None, "empty notebook"
-    return nb, None
+        setup = Setup(work_dir, threads=options.threads, limits=options.limits)
+        if options.call_timeout < options.cell_timeout:
+            setup.call_limit = options.call_timeout + 1  # the grader gives up first
+        setup.channel_dir.mkdir(mode=0o755)
+        if options.sandbox:
+            sandbox = setup.sandbox = Sandbox(work_dir, options.limits, options.read_only_paths)
+        with GraderChannel(setup.socket_path, checks, options.call_timeout) as channel:
+            run = run_notebook(notebook, options.cell_timeout, wall_timeout, options.threads, setup)
+        return run, dict(channel.verdicts)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def wrong_chapter_status(nb, chapter) -> str:
@@ -202,70 +270,3 @@ def wrong_chapter_status(nb, chapter) -> str:
     if source and Path(str(source)).stem != chapter:
         return f"wrong chapter: contains {Path(str(source)).stem} exercises"
     return f"wrong chapter: no exercise of {chapter} found"
-
-
-def run_notes(run, cell_timeout, timeout) -> list:
-    outcomes = list(run.cells.values())
-    notes = []
-    if any(outcome.killed_kernel for outcome in outcomes):
-        notes.append("kernel died (os._exit?)")
-    if any(outcome.timed_out and not outcome.killed_kernel for outcome in outcomes):
-        notes.append(f"cell timeout ({cell_timeout:g} s)")
-    if any(outcome.error.startswith("SystemExit") for outcome in outcomes):
-        notes.append("sys.exit() called")
-    if run.wall_timeout:
-        notes.append(f"timeout (notebook over {timeout:g} s)")
-    return notes
-
-
-def score_checks(nb, run, timeout) -> list:
-    results = []
-    for index, name, points in check_cells(nb):
-        outcome = run.cells.get(index)
-        if outcome is None or not outcome.ran:
-            why = (
-                f"not reached: the notebook ran out of time ({timeout:g} s)"
-                if run.wall_timeout
-                else "not run"
-            )
-            results.append(CheckResult(name, points, 0, why))
-        elif outcome.passed and f"{PASS_MARK} {name}:" in outcome.stdout:
-            results.append(CheckResult(name, points, points, pass_line(outcome.stdout, name)))
-        elif outcome.passed:
-            results.append(
-                CheckResult(name, points, 0, "the check printed no result (was `check` replaced?)")
-            )
-        else:
-            results.append(CheckResult(name, points, 0, explain_failure(outcome)))
-    return results
-
-
-def explain_failure(outcome) -> str:
-    error = strip_ansi(outcome.error).strip()
-    if outcome.killed_kernel:
-        return "the kernel died while this cell ran (os._exit, a crash, or out of memory)"
-    if outcome.timed_out:
-        return f"timed out ({strip_ansi(outcome.message).split('.')[0]}); an endless loop?"
-    if error.startswith("AssertionError: "):
-        return error[len("AssertionError: ") :]
-    if error.startswith("NameError: "):
-        return f"not implemented yet ({error}: did the exercise cell run without errors?)"
-    return error or strip_ansi(outcome.message) or "failed"
-
-
-def pass_line(stdout, name) -> str:
-    """What the check said on success, e.g. "12/12 cases passed"."""
-    prefix = f"{PASS_MARK} {name}:"
-    for line in stdout.splitlines():
-        if line.startswith(prefix):
-            return line[len(prefix) :].strip()
-    return "passed"
-
-
-def strip_ansi(text: str) -> str:
-    return ANSI_ESCAPE.sub("", text or "")
-
-
-def last_line(text: str) -> str:
-    lines = [line for line in strip_ansi(text).splitlines() if line.strip()]
-    return lines[-1][:200] if lines else "no output"

@@ -1,10 +1,53 @@
-"""What the grader writes: grades.csv, one feedback file per notebook, a terminal summary."""
+"""What the grader writes: grades.csv, one feedback file per notebook, a terminal summary.
+
+Everything is written atomically (safe_files.write_atomically) and again each time a row
+finishes, so the CSV always holds every finished row. A cell that a spreadsheet would run as a
+formula (starting with = + - @, a tab or a carriage return) gets a leading apostrophe. A
+feedback file is cut at FEEDBACK_MAX_CHARACTERS.
+"""
 
 import csv
+import io
 from pathlib import Path
+
+from memwall.grading.safe_files import write_atomically
 
 FIXED_COLUMNS = ("student", "notebook")
 TOTAL_COLUMNS = ("total", "max", "status")
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+FEEDBACK_MAX_CHARACTERS = 64 * 1024
+
+
+class ReportWriter:
+    """Collects rows as they finish and keeps grades.csv and the feedback files up to date."""
+
+    def __init__(self, out_csv, feedback_dir=None):
+        self.out_csv, self.feedback_dir = Path(out_csv), feedback_dir
+        self.rows, self._feedback_names = [], set()
+        for path in [self.out_csv] + ([Path(feedback_dir)] if feedback_dir is not None else []):
+            if path.is_symlink():
+                raise ValueError(f"{path} is a symbolic link; choose another path")
+        if self.out_csv.exists() and not self.out_csv.is_file():
+            raise ValueError(f"{self.out_csv} exists and is not a file; choose another --out")
+        if feedback_dir is not None and Path(feedback_dir).exists():
+            if not Path(feedback_dir).is_dir():
+                raise ValueError(f"{feedback_dir} exists and is not a folder")
+
+    def add(self, row):
+        name, number = row.feedback_name, 2
+        while name in self._feedback_names:  # duplicates would overwrite each other's feedback
+            name, number = f"{Path(row.feedback_name).stem}-{number}.txt", number + 1
+        row.feedback_name = name
+        self._feedback_names.add(name)
+        self.rows.append(row)
+        self.rows.sort(key=lambda r: (r.student, r.notebook, r.feedback_name))
+        if self.feedback_dir is not None:
+            Path(self.feedback_dir).mkdir(parents=True, exist_ok=True)
+            write_feedback(row, Path(self.feedback_dir) / row.feedback_name)
+        write_csv(self.rows, self.out_csv)
+
+    def finish(self):
+        write_csv(self.rows, self.out_csv)
 
 
 def write_csv(rows, out_csv):
@@ -14,18 +57,22 @@ def write_csv(rows, out_csv):
         for result in row.checks:
             if result.name not in check_columns:
                 check_columns.append(result.name)
-    out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_csv, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*FIXED_COLUMNS, *check_columns, *TOTAL_COLUMNS])
-        for row in rows:
-            earned = {result.name: number(result.earned) for result in row.checks}
-            writer.writerow(
-                [row.student, row.notebook]
-                + [earned.get(name, "") for name in check_columns]
-                + [number(row.total), number(row.max_points), row.status]
-            )
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow([*FIXED_COLUMNS, *check_columns, *TOTAL_COLUMNS])
+    for row in rows:
+        earned = {result.name: number(result.earned) for result in row.checks}
+        writer.writerow(
+            [safe_cell(row.student), safe_cell(row.notebook)]
+            + [earned.get(name, "") for name in check_columns]
+            + [number(row.total), number(row.max_points), safe_cell(row.status)]
+        )
+    write_atomically(out_csv, buffer.getvalue())
+
+
+def safe_cell(text: str) -> str:
+    """``text``, with a leading apostrophe when a spreadsheet would read it as a formula."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def write_feedback(row, path):
@@ -48,7 +95,10 @@ def write_feedback(row, path):
             "Check cells and cell order were put back as in the handed-out notebook;",
             "only the original checks count.",
         ]
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    text = "\n".join(lines) + "\n"
+    if len(text) > FEEDBACK_MAX_CHARACTERS:
+        text = text[: FEEDBACK_MAX_CHARACTERS - 40] + "\n[feedback cut at the size limit]\n"
+    write_atomically(path, text)
 
 
 def print_summary(rows, skipped, out_csv, feedback_dir, seconds):

@@ -6,13 +6,23 @@ Two layouts are accepted, and can be mixed:
     submissions/alice/01_two_phases.ipynb      (one folder per student)
 
 The chapter part must be the name of a notebook in solutions/ (``01_two_phases``). Hidden files,
-``.ipynb_checkpoints`` and anything that is not ``.ipynb`` are skipped.
+``.ipynb_checkpoints`` and anything that is not ``.ipynb`` are skipped. Names are normalised to
+Unicode NFC, so "José" typed two ways is one student. A symbolic link (file or student folder)
+is refused rather than followed: it could point at another student's work or at the solutions.
+Two files for the same student and chapter are both reported as duplicates, not graded.
 """
 
-from dataclasses import dataclass
+import json
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from memwall.grading.safe_files import UnsafeFile, read_regular
+
 SEPARATOR = "__"
+MAX_NOTEBOOK_BYTES = 32 * 2**20
+REFUSED_LINK = "refused: a symbolic link (hand in the notebook itself)"
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,7 @@ class Submission:
     student: str
     chapter: str  # "" when the file name does not say
     path: Path
+    problem: str = ""  # set when the file must not be graded (a link, a duplicate)
 
     @property
     def notebook(self) -> str:
@@ -39,21 +50,82 @@ def find_submissions(folder) -> tuple:
     for path in sorted(folder.iterdir()):
         if path.name.startswith("."):
             continue
-        if path.is_dir():
+        if path.is_symlink():
+            if path.suffix == ".ipynb" or path.is_dir():
+                student, _, chapter = nfc(path.stem).rpartition(SEPARATOR)
+                found.append(Submission(student or nfc(path.stem), chapter, path, REFUSED_LINK))
+            else:
+                skipped.append(path)
+        elif path.is_dir():
             for inner in sorted(path.iterdir()):
-                if is_notebook(inner):
-                    found.append(Submission(path.name, inner.stem, inner))
+                if inner.is_symlink() and inner.suffix == ".ipynb":
+                    found.append(Submission(nfc(path.name), nfc(inner.stem), inner, REFUSED_LINK))
+                elif is_notebook(inner):
+                    found.append(Submission(nfc(path.name), nfc(inner.stem), inner))
                 elif not inner.name.startswith("."):
                     skipped.append(inner)
         elif is_notebook(path):
-            student, _, chapter = path.stem.rpartition(SEPARATOR)
+            student, _, chapter = nfc(path.stem).rpartition(SEPARATOR)
             found.append(
-                Submission(student, chapter, path) if student else Submission(path.stem, "", path)
+                Submission(student, chapter, path)
+                if student
+                else Submission(nfc(path.stem), "", path)
             )
         else:
             skipped.append(path)
+    found = mark_duplicates(found)
     return sorted(found, key=lambda s: (s.student, s.chapter, s.path.name)), skipped
 
 
+def mark_duplicates(found) -> list:
+    counts = Counter((s.student, s.chapter) for s in found if s.chapter)
+    marked = []
+    for submission in found:
+        key = (submission.student, submission.chapter)
+        if submission.chapter and counts[key] > 1 and not submission.problem:
+            others = counts[key] - 1
+            problem = (
+                f"duplicate: {others} other file{'s' * (others > 1)} for this student and chapter"
+            )
+            submission = replace(submission, problem=problem)
+        marked.append(submission)
+    return marked
+
+
+def nfc(name: str) -> str:
+    return unicodedata.normalize("NFC", name)
+
+
 def is_notebook(path: Path) -> bool:
-    return path.is_file() and path.suffix == ".ipynb" and not path.name.startswith(".")
+    return (
+        not path.is_symlink()
+        and path.is_file()
+        and path.suffix == ".ipynb"
+        and not path.name.startswith(".")
+    )
+
+
+def read_submission(path: Path):
+    """(notebook, None) or (None, what is wrong with the file)."""
+    import nbformat
+
+    try:
+        data = read_regular(path, MAX_NOTEBOOK_BYTES)
+    except UnsafeFile as error:
+        return None, f"refused: {error}"
+    if not data.strip():
+        return None, "empty file"
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, "not JSON"
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells", raw.get("worksheets")), list):
+        return None, "not a notebook"
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4, capture_validation_error={})
+        nb.cells = [cell for cell in nb.cells if isinstance(cell, dict)]
+    except Exception as error:
+        return None, f"not a notebook: {type(error).__name__}"
+    if not nb.cells:
+        return None, "empty notebook"
+    return nb, None

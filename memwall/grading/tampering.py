@@ -1,26 +1,44 @@
 """Flag student code that reaches for the grading machinery, for a human to review.
 
-Restoring the check cells already makes editing them pointless, and each check cell imports
-``check`` afresh, so shadowing it does nothing. But code in a notebook runs in the same process
-as the check and could, say, patch memwall.grading itself. No scan can rule that out, so this one
-only raises a flag in the status column; the points stay what the run produced.
+The points never depend on this scan: the grader judges every check in its own process
+(channel.py), and the sandbox keeps memwall.grading and the references out of the student's
+reach. The flags only tell the instructor that someone tried, in the status column.
 """
 
 import re
 
-SUSPICIOUS = [
-    (
-        re.compile(r"memwall\s*\.\s*grading|from\s+memwall\s+import\s+.*\bgrading\b"),
-        "touches memwall.grading",
-    ),
-    (re.compile(r"^\s*(def\s+check\s*\(|check\s*=[^=])", re.MULTILINE), "redefines check"),
-    (re.compile(r"sys\s*\.\s*modules|__import__|importlib|\bbuiltins\b"), "patches imports"),
-    # Code built at run time would slip past the patterns above.
-    (re.compile(r"(?<![\w.])(exec|eval|compile)\s*\("), "runs generated code"),
-]
+# Searched in the code with all whitespace removed, one line at a time: plain substring tests
+# and one regex without nested repetition, so the scan is linear in the code's length.
+IMPORT_PATCHES = ("sys.modules", "__import__", "importlib", "builtins", "pkgutil")
+IPYTHON_HOOKS = ("set_custom_exc", "input_transformers", "ast_transformers", "register_magic")
+GENERATED_CODE = re.compile(r"(?<![\w.])(?:exec|eval|compile)\(")
 
 
 def tampering_flags(sources) -> list:
     """Short reasons, one per kind of suspicious code found in ``sources``."""
-    text = "\n".join(sources)
-    return [reason for pattern, reason in SUSPICIOUS if pattern.search(text)]
+    found = set()
+    for source in sources:
+        for line in source.splitlines():
+            _scan_line("".join(line.split()), found)
+    order = [
+        "touches memwall.grading", "redefines check", "patches imports", "runs generated code",
+        "uses IPython hooks", "calls a reference",
+    ]  # fmt: skip
+    return [reason for reason in order if reason in found]
+
+
+def _scan_line(code: str, found: set):
+    if "memwall.grading" in code or (code.startswith("frommemwallimport") and "grading" in code):
+        found.add("touches memwall.grading")
+    if code.startswith("defcheck(") or (
+        code.startswith("check=") and not code.startswith("check==")
+    ):
+        found.add("redefines check")
+    if any(name in code for name in IMPORT_PATCHES):
+        found.add("patches imports")
+    if GENERATED_CODE.search(code):
+        found.add("runs generated code")
+    if any(name in code for name in IPYTHON_HOOKS):
+        found.add("uses IPython hooks")
+    if "reference_" in code:
+        found.add("calls a reference")

@@ -1,22 +1,24 @@
-"""A tiny pytest plugin that records how each nbval cell ended, for the grader.
+"""A tiny pytest plugin that records how each nbval cell ended, for the grader's status column.
 
-The grader runs ``pytest --nbval-lax -p memwall.grading.nbval_plugin --memwall-results FILE``.
+The grader runs ``pytest --nbval-lax -p memwall.exercise_driver.recorder --memwall-results FILE``.
 nbval makes one test item per code cell ("Cell 0", "Cell 1", ...). For each one this plugin
 appends a JSON line to FILE as soon as the cell finishes, so the results survive even when the
 grader has to kill pytest for running past the notebook's time limit. It also records the
 kernel's pid (so the grader can kill a kernel stuck in C code) and notices when the kernel
 process dies during a cell (``os._exit``), which nbval itself reports only as a timeout.
-Records are signed with a key the kernel never sees (signing.py).
+
+These records run next to the student's code and decide no points: the grader scores each check
+through its own channel (memwall.grading.channel). They only explain a zero ("timed out", "the
+kernel died"), and the grader reads them defensively.
 """
 
 import json
-import os
 import threading
 import time
 
 import pytest
 
-from memwall.grading.signing import sign
+from memwall.exercise_driver.driver import harden
 
 KERNEL_POLL_SECONDS = 0.1
 # A student's function may print without end; the check's own line comes last, so keep the tail.
@@ -25,26 +27,17 @@ STDOUT_KEPT_CHARACTERS = 20_000
 
 def pytest_addoption(parser):
     parser.addoption("--memwall-results", default=None, help="JSON-lines file for per-cell results")
-    parser.addoption(
-        "--memwall-key-file", default=None, help="file with the signing key; deleted once read"
-    )
 
 
 def pytest_configure(config):
-    # Runs before nbval starts the kernel, so the key file is gone before any student code runs.
-    key_file = config.getoption("memwall_key_file", default=None)
-    config._memwall_key = b""
-    if key_file:
-        with open(key_file, "rb") as handle:
-            config._memwall_key = handle.read().strip()
-        os.unlink(key_file)
+    harden()  # before nbval starts the kernel: the student's code cannot attach to pytest
 
 
 def _write(config, record):
     path = config.getoption("memwall_results")
     if path:
         with open(path, "a", encoding="utf-8") as results:
-            results.write(json.dumps(sign(config._memwall_key, record)) + "\n")
+            results.write(json.dumps(record) + "\n")
 
 
 def _kernel_process(item):
