@@ -17,7 +17,7 @@ JOBS   ?= 2
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install browser lint book test test-fast notebooks exercises grade bench clean
+.PHONY: install browser sandbox lint book test test-fast notebooks exercises grade bench clean
 
 install: $(STAMP)
 
@@ -49,6 +49,19 @@ browser:
 	    echo "chromium not found (needs root and apt-get to install): tests/test_browser.py will be skipped"; \
 	fi
 
+# bubblewrap, the sandbox `memwall grade` runs each notebook in (tests/test_grading_sandbox.py).
+# Like browser: only as root with apt-get; elsewhere the grader warns that it runs unsandboxed.
+sandbox:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (apt-get) for the grading sandbox"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends bubblewrap >/dev/null; } \
+	    || echo "bubblewrap could not be installed: grading runs unsandboxed, sandbox tests skip"; \
+	else \
+	    echo "bwrap not found (needs root and apt-get to install): grading runs unsandboxed"; \
+	fi
+
 # Executes every chapter (results cached in _build/.jupyter_cache, so an unchanged chapter is not
 # rerun) and writes _build/html. The cache only knows the notebooks, so it is dropped whenever any
 # file under memwall/ (code, C kernels, widget JavaScript, data) changed since the last build. --all rereads every page, so a warning is never
@@ -66,7 +79,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser lint
+test: $(STAMP) browser sandbox lint
 	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: $(STAMP)
@@ -81,7 +94,7 @@ exercises: notebooks
 
 # make grade SUBMISSIONS=folder  ->  grades.csv and feedback/
 SUBMISSIONS ?= submissions
-grade: $(STAMP)
+grade: $(STAMP) sandbox
 	$(BIN)/memwall grade $(SUBMISSIONS) --out grades.csv --feedback feedback
 
 bench: $(STAMP)
