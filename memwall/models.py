@@ -14,6 +14,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from memwall._versions import require
 from memwall.paths import cache_dir
 
 OFFLINE_MODEL = "smollm2-135m"
@@ -45,6 +46,7 @@ def gguf_path() -> Path:
 
 def load(name: str = OFFLINE_MODEL, dtype=None, device: str = "cpu"):
     """Return (transformers model in eval mode, tokenizer) for a known model name or a hub id."""
+    _require_engine()
     import torch
 
     dtype = dtype or torch.float32
@@ -65,6 +67,12 @@ def load(name: str = OFFLINE_MODEL, dtype=None, device: str = "cpu"):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     return model, tokenizer
+
+
+def _require_engine() -> None:
+    """A clear ImportError when torch or transformers is older than memwall needs."""
+    require("torch")
+    require("transformers")
 
 
 def _converted_offline_model() -> Path:
@@ -119,6 +127,7 @@ def random_init(spec, dtype=None, device: str = "cpu", seed: int = 0):
 
     Built directly on `device`, so an 8B-parameter model never passes through CPU memory on a GPU box.
     """
+    _require_engine()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

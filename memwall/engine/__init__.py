@@ -1,9 +1,13 @@
 """memwall's readable inference engine: a Llama-family model, an explicit KV cache, prefill/decode."""
 
-from memwall.engine.kv_cache import KVCache
-from memwall.engine.model import Transformer, causal_mask
-from memwall.engine.phases import Generation, decode_step, generate, prefill
-from memwall.engine.sampling import Sampling, probabilities, sample
+from memwall._versions import require
+
+require("torch")  # before the submodules import it, so an old torch gets a clear message
+
+from memwall.engine.kv_cache import KVCache  # noqa: E402
+from memwall.engine.model import Transformer, causal_mask  # noqa: E402
+from memwall.engine.phases import Generation, decode_step, generate, prefill  # noqa: E402
+from memwall.engine.sampling import Sampling, probabilities, sample  # noqa: E402
 
 __all__ = [
     "Generation",

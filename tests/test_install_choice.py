@@ -1,0 +1,81 @@
+"""The install path picks a torch build that exists on each platform, and the Binder lock pins it.
+
+tools/ is memwall-free (it runs before memwall is installed), so it is loaded from its path.
+"""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+torch_pip_args = load_tool("torch_pip_args")
+lock = load_tool("lock")
+CPU_INDEX = torch_pip_args.DEFAULT_CPU_INDEX
+
+
+@pytest.mark.parametrize(
+    "system, machine, has_nvidia, expected",
+    [
+        # Only Linux x86_64 has a separate CPU build; there it must not fall back to CUDA wheels.
+        ("Linux", "x86_64", False, ["torch==2.13.0+cpu", "--extra-index-url", CPU_INDEX]),
+        ("Linux", "x86_64", True, ["torch==2.13.0"]),
+        # macOS (Apple Silicon and Intel) and Linux ARM: PyPI's wheels, which have no +cpu twin.
+        ("Darwin", "arm64", False, ["torch==2.13.0"]),
+        ("Darwin", "x86_64", False, ["torch==2.13.0"]),
+        ("Linux", "aarch64", False, ["torch==2.13.0"]),
+        ("Linux", "aarch64", True, ["torch==2.13.0"]),
+        ("Windows", "AMD64", False, ["torch==2.13.0"]),
+    ],
+)
+def test_torch_build_per_platform(system, machine, has_nvidia, expected):
+    assert torch_pip_args.torch_pip_args(system, machine, has_nvidia, "2.13.0") == expected
+
+
+def test_the_script_prints_one_argument_per_line():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "torch_pip_args.py"), "--version", "2.13.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("torch==2.13.0") and all(" " not in line for line in lines)
+
+
+def test_the_lock_pins_cpu_torch_and_leaves_out_memwall_and_cuda():
+    frozen = [
+        "# Editable install with no version control (memwall==0.1.0)",
+        "-e /work/main",
+        "Jinja2==3.1.6",
+        "torch==2.13.0",  # as frozen on macOS or a GPU machine
+        "nvidia-cublas-cu12==12.8.4.1",
+        "triton==3.5.0",
+        "accelerate==1.15.0",
+        "some-package @ file:///tmp/some_package-1.0-py3-none-any.whl",
+    ]
+    assert lock.lock_lines(frozen) == ["accelerate==1.15.0", "Jinja2==3.1.6", "torch==2.13.0+cpu"]
+
+
+def test_binder_installs_the_locked_cpu_torch_and_builds_ahead():
+    requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    assert "-c constraints.txt" in requirements and "-r ../requirements.txt" in requirements
+    constraints = (ROOT / "binder" / "constraints.txt").read_text().splitlines()
+    torch_pins = [line for line in constraints if line.startswith("torch==")]
+    assert len(torch_pins) == 1 and torch_pins[0].endswith("+cpu")
+    assert not any(line.startswith(("memwall", "nvidia-")) for line in constraints)
+    post_build = (ROOT / "binder" / "postBuild").read_text()
+    assert "models.load('smollm2-135m')" in post_build and "cpu_kernels" in post_build
+    assert "-e .[engine,widgets]" in (ROOT / "requirements.txt").read_text().splitlines()
