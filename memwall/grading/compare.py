@@ -10,7 +10,7 @@ import copy
 import math
 import numbers
 
-from memwall.exercise_driver.values import build_arguments
+from memwall.exercise_driver.values import build_arguments, is_build_spec
 
 # A student's answer is rarely bit-identical to the reference (another summation order,
 # float vs int), so "equal" means equal to about six significant digits by default.
@@ -171,6 +171,8 @@ def show(value) -> str:
     """A short, readable repr: floats to 6 significant digits, long reprs cut."""
     if isinstance(value, float):
         return f"{value:.6g}"
+    if is_build_spec(value):
+        return f"<{value['builder']}>"
     if isinstance(value, (list, tuple)) and all(isinstance(item, float) for item in value):
         inner = ", ".join(f"{item:.6g}" for item in value)
         text = f"[{inner}]" if isinstance(value, list) else f"({inner})"

@@ -1,11 +1,14 @@
 """Demo checks: the worked example of a check module, and the grader's own test fixture.
 
-Each check receives the student's answer and a seeded ``random.Random``, draws hidden cases,
-and compares against a reference that is written here, out of the student's sight. It returns
-the number of cases that passed (``compare_function`` does that) or raises ``AssertionError``.
+A check is a case generator (``cases(rng)``, plain data drawn from a seeded ``random.Random``),
+a reference written here, out of the student's sight, and a comparison (``register_cases``).
+``demo.decode_ceilings`` shows the older one-function form; ``demo.mean_step_s`` a measured
+exercise whose cases hold a build spec for a fake clock and workload.
 """
 
+from memwall.exercise_driver.values import build_spec
 from memwall.grading import compare_function, register
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 
@@ -26,9 +29,13 @@ def reference_decode_ceilings(bandwidth_gb_s, model_sizes_gb):
     return [bandwidth_gb_s / size for size in model_sizes_gb]
 
 
-@register("demo.matrix_bytes", wrong_answers=[lambda rows, cols, bytes_per_element: rows * cols])
-def check_matrix_bytes(student, rng):
-    cases = [
+@register_cases(
+    "demo.matrix_bytes",
+    reference=reference_matrix_bytes,
+    wrong_answers=[lambda rows, cols, bytes_per_element: rows * cols],
+)
+def cases_matrix_bytes(rng):
+    return [
         dict(
             rows=rng.randint(1, 8192),
             cols=rng.randint(1, 8192),
@@ -36,17 +43,17 @@ def check_matrix_bytes(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_matrix_bytes, cases)
 
 
-@register(
+@register_cases(
     "demo.matmul_intensity",
+    reference=reference_matmul_intensity,
     wrong_answers=[
         lambda m, n, k, bytes_per_element: m * n * k / ((m * k + k * n + m * n) * bytes_per_element)
     ],
 )
-def check_matmul_intensity(student, rng):
-    cases = [
+def cases_matmul_intensity(rng):
+    return [
         dict(
             m=rng.randint(1, 4096),
             n=rng.randint(1, 4096),
@@ -55,9 +62,9 @@ def check_matmul_intensity(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_matmul_intensity, cases)
 
 
+# The older form: one function that draws its cases and compares (kept as the example of it).
 @register(
     "demo.decode_ceilings",
     wrong_answers=[
@@ -73,3 +80,34 @@ def check_decode_ceilings(student, rng):
         for _ in range(CASES_PER_CHECK)
     ]
     return compare_function(student, reference_decode_ceilings, cases)
+
+
+# A measured exercise: the student's function gets a workload and a fake clock (built from plain
+# data on whichever side calls it) and must time the steps after the first, slow one.
+def reference_mean_step_s(workload):
+    workload.run_step()  # warm-up, not timed
+    started = workload.clock()
+    for _ in range(workload.n_steps - 1):
+        workload.run_step()
+    return (workload.clock() - started) / (workload.n_steps - 1)
+
+
+def _timing_the_warm_up_too(workload):
+    started = workload.clock()
+    for _ in range(workload.n_steps):
+        workload.run_step()
+    return (workload.clock() - started) / workload.n_steps
+
+
+@register_cases(
+    "demo.mean_step_s", reference=reference_mean_step_s, wrong_answers=[_timing_the_warm_up_too]
+)
+def cases_mean_step_s(rng):
+    cases = []
+    for _ in range(CASES_PER_CHECK):
+        step = rng.uniform(0.001, 0.1)
+        steps = [step * rng.uniform(5, 50)] + [
+            step * rng.uniform(0.9, 1.1) for _ in range(rng.randint(2, 20))
+        ]
+        cases.append(dict(workload=build_spec("fake_clock_workload", step_times_s=steps)))
+    return cases
