@@ -1,40 +1,79 @@
 """Checks for chapter 3, "Decode and the memory wall".
 
-- ch03.decode_ceiling: tokens/s <= bandwidth / (weight bytes + KV bytes) read per step.
+- ch03.cache_cliff (measured): find the last-level cache in a bandwidth sweep timed with a fake
+  clock; a sweep that reads each size once, or cycles through the sizes, sees no cliff.
 - ch03.llama_params: the weights row of the ledger, counted from a Llama-family shape.
 - ch03.decode_step_ms: the roofline's step time, max(memory time, compute time), against batch.
 """
 
+from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
+from memwall.grading.checks.measured import compare_measured, noisy_machine
 
 CASES_PER_CHECK = 12
 
 
-def reference_decode_ceiling(bandwidth_gb_s, weight_gb, kv_gb):
-    # Each token's step reads all weights and the whole KV cache once.
-    return bandwidth_gb_s / (weight_gb + kv_gb)
+def cache_sweep_cases(rng, n_cases=8):
+    """Bandwidth sweeps over buffer sizes on a machine whose last-level cache sits somewhere."""
+    cases = []
+    for _ in range(n_cases):
+        sizes = [2**k for k in range(16, 29)]  # 64 KiB ... 256 MiB
+        fits = rng.randint(3, 9)  # index of the largest size that fits in the cache
+        cache_bytes = int(sizes[fits] * rng.uniform(1.1, 1.8))
+        memory_gb_s = rng.uniform(10, 200)
+        bench = bench_spec(
+            "cache_sweep",
+            machine=noisy_machine(rng),
+            cache_bytes=cache_bytes,
+            cache_gb_s=memory_gb_s * rng.uniform(2.5, 6.0),
+            memory_gb_s=memory_gb_s,
+        )
+        cases.append(dict(bench=bench, sizes=sizes, repeats=rng.randint(5, 9)))
+    return cases
+
+
+def reference_cache_cliff(bench, sizes, repeats):
+    # The truth of the pretend machine: the largest buffer in the sweep that fits in its cache.
+    return max(size for size in sizes if size <= bench["spec"]["cache_bytes"])
+
+
+def _read_seconds(bench, n_bytes):
+    start = bench.clock()
+    bench.read(n_bytes)
+    return bench.clock() - start
+
+
+def _biggest_drop(sizes, gb_s):
+    drops = [gb_s[i] / gb_s[i + 1] for i in range(len(sizes) - 1)]
+    return sizes[drops.index(max(drops))]
+
+
+def _one_cold_read_each(bench, sizes, repeats):  # every first read comes from memory
+    return _biggest_drop(sizes, [n / _read_seconds(bench, n) for n in sizes])
+
+
+def _sizes_round_robin(bench, sizes, repeats):  # each read evicts the last size
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            times[n].append(_read_seconds(bench, n))
+    return _biggest_drop(sizes, [n / sorted(times[n])[len(times[n]) // 2] for n in sizes])
+
+
+def _first_size_that_misses(bench, sizes, repeats):  # the right sweep, off by one size
+    gb_s = []
+    for n in sizes:
+        bench.read(n)
+        gb_s.append(n / sorted(_read_seconds(bench, n) for _ in range(repeats))[repeats // 2])
+    return sizes[sizes.index(_biggest_drop(sizes, gb_s)) + 1]
 
 
 @register(
-    "ch03.decode_ceiling",
-    wrong_answers=[
-        lambda bandwidth_gb_s, weight_gb, kv_gb: bandwidth_gb_s / weight_gb,  # forgets the KV cache
-        lambda bandwidth_gb_s, weight_gb, kv_gb: (
-            (weight_gb + kv_gb) / bandwidth_gb_s
-        ),  # seconds, not tokens/s
-    ],
+    "ch03.cache_cliff",
+    wrong_answers=[_one_cold_read_each, _sizes_round_robin, _first_size_that_misses],
 )
-def check_decode_ceiling(student, rng):
-    cases = [
-        dict(
-            bandwidth_gb_s=rng.uniform(20, 5000),
-            weight_gb=rng.uniform(0.1, 150),
-            kv_gb=rng.choice([0.0, rng.uniform(0.01, 40)]),
-        )
-        for _ in range(CASES_PER_CHECK)
-    ]
-    cases[0]["kv_gb"] = 1.0  # at least one case where the cache matters
-    return compare_function(student, reference_decode_ceiling, cases)
+def check_cache_cliff(student, rng):
+    return compare_measured(student, reference_cache_cliff, cache_sweep_cases(rng), rtol=0)
 
 
 def reference_llama_params(

@@ -1,48 +1,105 @@
 """Checks for chapter 4, "The KV cache".
 
-- ch04.kv_cache_bytes: 2 x layers x KV heads x head dim x bytes, per token, per sequence.
+- ch04.kv_cost (measured): fit the step time's slope against the context on a fake clock,
+  and say whether the cache's reads use up bandwidth or FLOPs.
 - ch04.tokens_processed: positions run through the model, with and without a cache.
 - ch04.cached_attention: one decode step of grouped-query attention over a growing cache,
   checked against memwall's engine (`memwall.engine.layers.attend`).
 - ch04.step_time_ms: the predicted decode step time as the context grows.
 """
 
+from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
+from memwall.grading.checks.measured import compare_measured, noisy_machine
 
 CASES_PER_CHECK = 12
+# A sound fit (medians, then a least-squares line) lands within ~2% of the true slope.
+KV_SLOPE_RTOL = 0.1
 
 
-def reference_kv_cache_bytes(context, batch, n_layers, n_kv_heads, head_dim, bytes_per_element):
-    return (
-        2 * n_layers * n_kv_heads * head_dim * bytes_per_element * context * batch
-    )  # keys and values
-
-
-@register(
-    "ch04.kv_cache_bytes",
-    wrong_answers=[
-        lambda context, batch, n_layers, n_kv_heads, head_dim, bytes_per_element: (
-            n_layers * n_kv_heads * head_dim * bytes_per_element * context * batch
-        ),  # keys only
-        lambda context, batch, n_layers, n_kv_heads, head_dim, bytes_per_element: (
-            2 * n_layers * n_kv_heads * head_dim * bytes_per_element * context
-        ),  # one sequence only
-    ],
-)
-def check_kv_cache_bytes(student, rng):
-    cases = [
-        dict(
-            context=rng.randint(0, 131072),
-            batch=rng.randint(2, 256),
-            n_layers=rng.randint(1, 80),
-            n_kv_heads=rng.choice([1, 2, 4, 8, 32]),
-            head_dim=rng.choice([64, 96, 128]),
-            bytes_per_element=rng.choice([1, 2, 4]),
+def kv_cost_cases(rng, n_cases=8):
+    """Decode steps whose time grows with the context, on a noisy machine with a slow start."""
+    cases = []
+    for number in range(n_cases):
+        weights_s = rng.uniform(5e-3, 50e-3)
+        step = rng.choice([128, 256, 512])
+        contexts = [step * i for i in range(1, rng.randint(8, 12) + 1)]
+        # At the longest context the cache adds 80-200% of the weights' time.
+        s_per_token = weights_s * rng.uniform(0.8, 2.0) / contexts[-1]
+        kv_bytes_per_token = rng.choice([16, 32, 64, 128, 160]) * 1024
+        kv_flops_per_token = rng.choice([4, 8, 16]) * kv_bytes_per_token / 2
+        # One resource runs at 40-90% of its ceiling, the other well below (alternating cases).
+        busy, idle = rng.uniform(0.4, 0.9), rng.uniform(0.01, 0.15)
+        bytes_fraction, flops_fraction = (busy, idle) if number % 2 == 0 else (idle, busy)
+        bench = bench_spec(
+            "kv_steps", machine=noisy_machine(rng), weights_s=weights_s, s_per_token=s_per_token
         )
-        for _ in range(CASES_PER_CHECK)
-    ]
-    cases[0]["context"] = max(cases[0]["context"], 1)
-    return compare_function(student, reference_kv_cache_bytes, cases)
+        cases.append(
+            dict(
+                bench=bench,
+                contexts=contexts,
+                repeats=rng.randint(7, 11),
+                kv_bytes_per_token=kv_bytes_per_token,
+                kv_flops_per_token=kv_flops_per_token,
+                bandwidth_gb_s=kv_bytes_per_token / s_per_token / bytes_fraction / 1e9,
+                peak_gflops=kv_flops_per_token / s_per_token / flops_fraction / 1e9,
+            )
+        )
+    return cases
+
+
+def reference_kv_cost(bench, contexts, repeats, kv_bytes_per_token, kv_flops_per_token,
+                      bandwidth_gb_s, peak_gflops):  # fmt: skip
+    # The pretend machine's true cost of one more cached token, and the resource it uses up most.
+    s_per_token = bench["spec"]["s_per_token"]
+    bound = _bound(s_per_token, kv_bytes_per_token, kv_flops_per_token, bandwidth_gb_s, peak_gflops)
+    return {"s_per_token": s_per_token, "bound": bound}
+
+
+def _bound(s_per_token, kv_bytes_per_token, kv_flops_per_token, bandwidth_gb_s, peak_gflops):
+    bytes_fraction = kv_bytes_per_token / s_per_token / (bandwidth_gb_s * 1e9)
+    flops_fraction = kv_flops_per_token / s_per_token / (peak_gflops * 1e9)
+    return "bytes" if bytes_fraction >= flops_fraction else "flops"
+
+
+def _step_seconds(bench, context):
+    start = bench.clock()
+    bench.step(context)
+    return bench.clock() - start
+
+
+def _line_slope(xs, ys):
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+    return covariance / sum((x - mean_x) ** 2 for x in xs)
+
+
+def _median_times(bench, contexts, repeats):
+    times = []
+    for context in contexts:
+        runs = sorted(_step_seconds(bench, context) for _ in range(repeats))
+        times.append(runs[len(runs) // 2])
+    return times
+
+
+def _one_step_each(bench, contexts, repeats, *machine):  # the slow first steps bend the line
+    slope = _line_slope(contexts, [_step_seconds(bench, c) for c in contexts])
+    return {"s_per_token": slope, "bound": _bound(abs(slope) or 1e-12, *machine)}
+
+
+def _time_over_context(bench, contexts, repeats, *machine):  # forgets the weights' fixed cost
+    slope = _median_times(bench, contexts, repeats)[-1] / contexts[-1]
+    return {"s_per_token": slope, "bound": _bound(slope, *machine)}
+
+
+def _always_bytes(bench, contexts, repeats, *machine):  # a sound fit that never looks at FLOPs
+    slope = _line_slope(contexts, _median_times(bench, contexts, repeats))
+    return {"s_per_token": slope, "bound": "bytes"}
+
+
+@register("ch04.kv_cost", wrong_answers=[_one_step_each, _time_over_context, _always_bytes])
+def check_kv_cost(student, rng):
+    return compare_measured(student, reference_kv_cost, kv_cost_cases(rng), rtol=KV_SLOPE_RTOL)
 
 
 def reference_tokens_processed(prompt_tokens, new_tokens, use_cache):

@@ -10,7 +10,12 @@
 
 import math
 
+from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
+from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
+
+# A sound interleaved method lands within ~2% of the true speed-ups; drift moves a naive one 10%+.
+SPEEDUP_RTOL = 0.06
 
 CASES_PER_CHECK = 12
 
@@ -287,3 +292,80 @@ def check_paged_waste(student, rng):
         for _ in range(CASES_PER_CHECK)
     ]
     return compare_function(student, reference_paged_waste, cases)
+
+
+# --- ch06.batch_speedups (measured) ---------------------------------------------------------
+
+
+def batch_speedup_cases(rng, n_cases=8):
+    """Decode steps for growing batches on a machine that slows down as the run goes on."""
+    cases = []
+    for _ in range(n_cases):
+        batches = [1, 2, 4, 8, 16, 32, 64][: rng.randint(5, 7)]
+        weights_s = rng.uniform(5e-3, 40e-3)
+        spec = dict(
+            weights_s=weights_s,
+            kv_s_per_user=weights_s * rng.uniform(0.002, 0.02),
+            compute_s_per_user=weights_s / rng.uniform(8, 80),  # compute takes over at B ~ 8-80
+        )
+        repeats = rng.randint(15, 25)
+        run_s = repeats * sum(_true_step_s(spec, b) for b in batches)
+        machine = noisy_machine(rng, **drifting(rng, run_s))
+        bench = bench_spec("batch_steps", machine=machine, **spec)
+        cases.append(dict(bench=bench, batches=batches, repeats=repeats))
+    return cases
+
+
+def _true_step_s(spec, batch):
+    memory_s = spec["weights_s"] + batch * spec["kv_s_per_user"]
+    return max(memory_s, batch * spec["compute_s_per_user"])
+
+
+def reference_batch_speedups(bench, batches, repeats):
+    # Tokens/s at each batch over tokens/s at the first, on the pretend machine's true times.
+    first = batches[0] / _true_step_s(bench["spec"], batches[0])
+    return [b / _true_step_s(bench["spec"], b) / first for b in batches]
+
+
+def _timed_step(bench, batch):
+    start = bench.clock()
+    bench.step(batch)
+    return bench.clock() - start
+
+
+def _middle(values):
+    return sorted(values)[len(values) // 2]
+
+
+def _one_batch_after_another(bench, batches, repeats):  # medians, but drift separates batches
+    for b in batches:
+        bench.step(b)
+        bench.step(b)
+    steps = [_middle([_timed_step(bench, b) for _ in range(repeats)]) for b in batches]
+    return [b / s / (batches[0] / steps[0]) for b, s in zip(batches, steps)]
+
+
+def _step_rate_not_tokens(bench, batches, repeats):  # steps/s: forgets each step serves B users
+    for b in batches:
+        bench.step(b)
+        bench.step(b)
+    times = {b: [] for b in batches}
+    for _ in range(repeats):
+        for b in batches:
+            times[b].append(_timed_step(bench, b))
+    return [_middle(times[batches[0]]) / _middle(times[b]) for b in batches]
+
+
+def _one_cold_round(bench, batches, repeats):  # one step each, slow first calls included
+    steps = [_timed_step(bench, b) for b in batches]
+    return [b / s / (batches[0] / steps[0]) for b, s in zip(batches, steps)]
+
+
+@register(
+    "ch06.batch_speedups",
+    wrong_answers=[_one_batch_after_another, _step_rate_not_tokens, _one_cold_round],
+)
+def check_batch_speedups(student, rng):
+    return compare_measured(
+        student, reference_batch_speedups, batch_speedup_cases(rng), rtol=SPEEDUP_RTOL
+    )

@@ -8,7 +8,12 @@
 
 import numpy as np
 
+from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, numpy_rng, register
+from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
+
+# A sound interleaved method lands within ~2% of the true speed-ups; drift moves a naive one 10%+.
+SPEEDUP_RTOL = 0.06
 
 CASES_PER_CHECK = 12
 
@@ -184,3 +189,75 @@ def check_decode_q4_1_block(student, rng):
         for _ in range(CASES_PER_CHECK)
     ]
     return compare_function(student, reference_decode_q4_1_block, cases, rtol=1e-6)
+
+
+# --- ch07.format_speedups (measured) --------------------------------------------------------
+
+FORMATS = ["fp32", "int8", "int4"]
+
+
+def format_speedup_cases(rng, n_cases=8):
+    """Matrix-vector products in three weight formats, on a machine that drifts and jumps."""
+    cases = []
+    for _ in range(n_cases):
+        fp32_s = rng.uniform(2e-3, 40e-3)
+        # int8 reads 1/4 of the bytes and int4 ~1/7, but unpacking eats part of the saving.
+        seconds = {
+            "fp32": fp32_s,
+            "int8": fp32_s * rng.uniform(0.28, 0.6),
+            "int4": fp32_s * rng.uniform(0.18, 0.6),
+        }
+        repeats = rng.randint(15, 25)
+        machine = noisy_machine(rng, **drifting(rng, repeats * sum(seconds.values())))
+        bench = bench_spec("formats", machine=machine, seconds_by_format=seconds)
+        cases.append(dict(bench=bench, formats=list(FORMATS), repeats=repeats))
+    return cases
+
+
+def reference_format_speedups(bench, formats, repeats):
+    # How many times faster each format's product is than fp32's, on the true times.
+    seconds = bench["spec"]["seconds_by_format"]
+    return {name: seconds["fp32"] / seconds[name] for name in formats}
+
+
+def _timed_matvec(bench, name):
+    start = bench.clock()
+    bench.matvec(name)
+    return bench.clock() - start
+
+
+def _middle(values):
+    return sorted(values)[len(values) // 2]
+
+
+def _format_after_format(bench, formats, repeats):  # medians, but drift separates the formats
+    for name in formats:
+        bench.matvec(name)
+        bench.matvec(name)
+    medians = {
+        name: _middle([_timed_matvec(bench, name) for _ in range(repeats)]) for name in formats
+    }
+    return {name: medians["fp32"] / medians[name] for name in formats}
+
+
+def _interleaved_totals(bench, formats, repeats):  # interleaved, but totals keep the outliers
+    totals = dict.fromkeys(formats, 0.0)
+    for _ in range(repeats):
+        for name in formats:
+            totals[name] += _timed_matvec(bench, name)
+    return {name: totals["fp32"] / totals[name] for name in formats}
+
+
+def _one_cold_call_each(bench, formats, repeats):  # the first call builds the kernel
+    times = {name: _timed_matvec(bench, name) for name in formats}
+    return {name: times["fp32"] / times[name] for name in formats}
+
+
+@register(
+    "ch07.format_speedups",
+    wrong_answers=[_format_after_format, _interleaved_totals, _one_cold_call_each],
+)
+def check_format_speedups(student, rng):
+    return compare_measured(
+        student, reference_format_speedups, format_speedup_cases(rng), rtol=SPEEDUP_RTOL
+    )

@@ -1,23 +1,18 @@
 """Checks for chapter 9, "Measuring inference"."""
 
+from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
+from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
 
 CASES = 12
+# A sound A/B method lands within 1-2% of the truth on these machines; a naive one is off by 10-40%.
+AB_RTOL = 0.05
 
 
 def reference_fraction_of_roofline(tok_per_s, bytes_per_step, bandwidth_gb_s, tokens_per_step=1):
     # The ceiling: tokens per step times the steps per second the bandwidth allows.
     ceiling = tokens_per_step * bandwidth_gb_s * 1e9 / bytes_per_step
     return tok_per_s / ceiling
-
-
-def reference_percentile(values, q):
-    # Linear interpolation between the two closest ranks (numpy's default).
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def reference_moe_weight_bytes(batch, n_experts, active_experts, expert_bytes, shared_bytes):
@@ -47,20 +42,58 @@ def check_fraction_of_roofline(student, rng):
     return compare_function(student, reference_fraction_of_roofline, cases)
 
 
-@register(
-    "ch09.percentile",
-    wrong_answers=[
-        lambda values, q: sorted(values)[int((len(values) - 1) * q / 100)],
-        lambda values, q: sum(values) / len(values),
-    ],
-)
-def check_percentile(student, rng):
+def ab_cases(rng, n_cases=CASES):
+    """A/B benches on a machine that drifts and jumps: plain data only."""
     cases = []
-    for _ in range(CASES):
-        values = [rng.lognormvariate(3.5, 0.3) for _ in range(rng.randint(2, 60))]
-        cases.append(dict(values=values, q=rng.choice([10, 50, 90, 99, rng.uniform(0, 100)])))
-    cases.append(dict(values=[5.0], q=90))
-    return compare_function(student, reference_percentile, cases)
+    for _ in range(n_cases):
+        a_s = rng.uniform(1e-3, 50e-3)
+        b_s = a_s * rng.choice([rng.uniform(0.5, 0.9), rng.uniform(1.1, 2.5)])
+        repeats = rng.randint(20, 40)
+        run_s = repeats * (a_s + b_s)
+        machine = noisy_machine(rng, **drifting(rng, run_s))
+        bench = bench_spec("ab", machine=machine, a_s=a_s, b_s=b_s)
+        cases.append(dict(bench=bench, repeats=repeats))
+    return cases
+
+
+def reference_slowdown(bench, repeats):
+    # The truth of the pretend machine: how many times longer B's work is than A's.
+    return bench["spec"]["b_s"] / bench["spec"]["a_s"]
+
+
+def _median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _timed(bench, work):
+    start = bench.clock()
+    work()
+    return bench.clock() - start
+
+
+def _all_a_then_all_b(bench, repeats):  # medians, but B is timed after A: drift decides
+    a = [_timed(bench, bench.run_a) for _ in range(repeats)]
+    b = [_timed(bench, bench.run_b) for _ in range(repeats)]
+    return _median(b) / _median(a)
+
+
+def _interleaved_means(bench, repeats):  # interleaved, but one outlier moves a mean
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(_timed(bench, bench.run_a))
+        b.append(_timed(bench, bench.run_b))
+    return sum(b) / sum(a)
+
+
+def _one_pair(bench, repeats):  # a single cold pair
+    return _timed(bench, bench.run_b) / _timed(bench, bench.run_a)
+
+
+@register("ch09.ab_slowdown", wrong_answers=[_all_a_then_all_b, _interleaved_means])
+def check_ab_slowdown(student, rng):
+    return compare_measured(student, reference_slowdown, ab_cases(rng), rtol=AB_RTOL)
 
 
 @register(
