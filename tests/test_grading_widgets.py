@@ -58,3 +58,69 @@ def test_compare_plot_builds_and_redraws_headless():
     assert isinstance(panel, widgets.VBox)
     (slider,) = panel.children[0].children
     slider.value = 4  # moving the slider redraws; it must not raise either
+
+
+# --- measured exercises: the student's method run on a real bench, and what the panel draws ---
+
+from memwall.widgets import measured, measured_views  # noqa: E402
+
+
+def median_ratio(bench, repeats):
+    ratios = []
+    for _ in range(repeats):
+        start = bench.clock()
+        bench.run_a()
+        middle = bench.clock()
+        bench.run_b()
+        ratios.append((bench.clock() - middle) / (middle - start))
+    return sorted(ratios)[len(ratios) // 2]
+
+
+def test_run_recorded_logs_each_call_and_returns_the_result():
+    result, calls, problem = measured.run_recorded(median_ratio, measured.RealAB(), repeats=3)
+    assert problem is None and result > 0
+    assert [name for name, *_ in calls] == ["run_a", "run_b"] * 3
+    assert all(seconds > 0 for *_, seconds in calls)
+
+
+def test_an_unfinished_or_broken_method_is_shown_not_raised():
+    def unfinished_method(bench, repeats):
+        raise NotImplementedError
+
+    def broken_method(bench, repeats):
+        bench.run_a()
+        return 1 / 0
+
+    assert (
+        measured.run_recorded(unfinished_method, measured.RealAB(), repeats=1)[2] == NOT_IMPLEMENTED
+    )
+    result, calls, problem = measured.run_recorded(broken_method, measured.RealAB(), repeats=1)
+    assert "ZeroDivisionError" in problem and len(calls) == 1
+
+
+def test_the_cache_panel_draws_reads_and_both_lines():
+    import matplotlib.pyplot as plt
+
+    def one_size(bench, sizes, repeats):
+        for size in sizes:
+            bench.read(size)
+        return sizes[0]
+
+    result, calls, _ = measured.run_recorded(
+        one_size, measured.RealCacheSweep(), sizes=[4096, 8192], repeats=1
+    )
+    figure, axes = plt.subplots()
+    measured_views.cache_sweep(2**20)(axes, calls, result)
+    assert len(axes.lines) == 3  # the reads, your cliff, the LLC
+    plt.close(figure)
+
+
+def test_measured_panel_builds_headless_and_shows_not_implemented():
+    def unfinished_method(bench, repeats):
+        raise NotImplementedError
+
+    panel = measured.measured_panel(
+        unfinished_method, measured.RealAB, measured_views.ab_timeline, repeats=2
+    )
+    assert isinstance(panel, widgets.VBox)
+    panel.children[0].click()  # measuring again must not raise either
