@@ -26,10 +26,11 @@ def read_regular(path, max_bytes: int, tail=False) -> bytes:
         if Path(path).is_symlink():
             raise UnsafeFile(f"{Path(path).name} is a symbolic link") from None
         raise error
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UnsafeFile(f"{Path(path).name} is not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafeFile(f"{Path(path).name} is not a regular file")
         if info.st_size > max_bytes:
             if not tail:
                 raise UnsafeFile(f"{Path(path).name} is over {max_bytes} bytes")

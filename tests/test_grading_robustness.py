@@ -1,0 +1,308 @@
+"""The grader's own side, without kernels: the channel, plain values, defensive reads and writes,
+submission discovery, CSV escaping, and the checks made before any grading starts."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memwall.exercise_driver import driver
+from memwall.exercise_driver.values import NotPlain, build_spec, from_plain, to_plain
+from memwall.grading import grade
+from memwall.grading.channel import GraderChannel
+from memwall.grading.execute import read_records
+from memwall.grading.grader import GradeRow, check_ready
+from memwall.grading.registry import get_check
+from memwall.grading.report import ReportWriter, safe_cell, write_csv
+from memwall.grading.safe_files import UnsafeFile, read_regular, write_atomically
+from memwall.grading.serving import UNCONVERTIBLE, serve_source
+from memwall.grading.submissions import REFUSED_LINK, find_submissions
+from memwall.grading.tampering import tampering_flags
+
+SOLUTIONS = Path(__file__).parent / "fixtures" / "grading" / "solutions"
+
+
+# ---- the channel, with serve() in a thread standing in for the student's kernel --------------
+
+
+def served(tmp_path, monkeypatch, answers: dict, call_seconds=5.0):
+    """Verdicts after serve(name, answer) ran for each item of ``answers``."""
+    socket_path = tmp_path / "grader.sock"
+    monkeypatch.setenv(driver.CHANNEL_VARIABLE, str(socket_path))
+    checks = {name: get_check(name) for name in answers}
+    with GraderChannel(socket_path, checks, call_seconds) as channel:
+        for name, answer in answers.items():
+            worker = threading.Thread(target=driver.serve, args=(name, answer), daemon=True)
+            worker.start()
+            worker.join(call_seconds * 3)
+    return channel.verdicts
+
+
+def test_the_grader_judges_a_served_function_itself(tmp_path, monkeypatch):
+    def matrix_bytes(rows, cols, bytes_per_element):
+        return rows * cols * bytes_per_element
+
+    def matmul_intensity(m, n, k, bytes_per_element):
+        return m * n * k  # wrong
+
+    verdicts = served(
+        tmp_path,
+        monkeypatch,
+        {"demo.matrix_bytes": matrix_bytes, "demo.matmul_intensity": matmul_intensity},
+    )
+    assert verdicts["demo.matrix_bytes"].passed
+    assert verdicts["demo.matrix_bytes"].message == "12/12 cases passed"
+    assert not verdicts["demo.matmul_intensity"].passed
+    assert "wrong answer for matmul_intensity(m=" in verdicts["demo.matmul_intensity"].message
+
+
+def test_a_measured_case_is_built_in_the_students_process(tmp_path, monkeypatch):
+    from memwall.grading.checks.demo import reference_mean_step_s
+
+    built = []
+
+    def mean_step_s(workload):
+        built.append(type(workload).__name__)
+        return reference_mean_step_s(workload)
+
+    verdicts = served(tmp_path, monkeypatch, {"demo.mean_step_s": mean_step_s})
+    assert verdicts["demo.mean_step_s"].passed
+    assert built and set(built) == {"FakeClockWorkload"}
+
+
+def test_one_slow_call_times_out_and_scores_nothing(tmp_path, monkeypatch):
+    def matrix_bytes(rows, cols, bytes_per_element):
+        time.sleep(2)
+        return rows * cols * bytes_per_element
+
+    verdicts = served(tmp_path, monkeypatch, {"demo.matrix_bytes": matrix_bytes}, call_seconds=0.3)
+    assert not verdicts["demo.matrix_bytes"].passed
+    assert "timed out" in verdicts["demo.matrix_bytes"].message
+
+
+def test_unknown_checks_and_second_sessions_get_no_verdict(tmp_path, monkeypatch):
+    socket_path = tmp_path / "grader.sock"
+    monkeypatch.setenv(driver.CHANNEL_VARIABLE, str(socket_path))
+    checks = {"demo.matrix_bytes": get_check("demo.matrix_bytes")}
+    with GraderChannel(socket_path, checks, 5.0) as channel:
+        driver.serve("demo.not_a_check", lambda: 1)
+        driver.serve("demo.matrix_bytes", lambda rows, cols, bytes_per_element: 0)
+        driver.serve("demo.matrix_bytes", lambda rows, cols, bytes_per_element: 1)  # too late
+    assert set(channel.verdicts) == {"demo.matrix_bytes"}
+    assert "expected" in channel.verdicts["demo.matrix_bytes"].message
+
+
+# ---- plain values -----------------------------------------------------------------------------
+
+
+def test_plain_values_round_trip():
+    import torch
+
+    value = {
+        1: (2.5, [True, None, "x"]),
+        "a": np.arange(6, dtype=np.int16).reshape(2, 3),
+        "t": torch.ones(2, 2, dtype=torch.bfloat16),
+    }
+    back = from_plain(to_plain(value))
+    assert back[1] == (2.5, [True, None, "x"])
+    assert back["a"].dtype == np.int16 and back["a"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert back["t"].dtype == torch.bfloat16 and back["t"].shape == (2, 2)
+
+
+def test_results_cannot_smuggle_objects():
+    with pytest.raises(NotPlain):
+        to_plain(object())
+    with pytest.raises(NotPlain):
+        to_plain(lambda: 1)
+    spec = build_spec("fake_clock_workload", step_times_s=[0.1])
+    with pytest.raises(NotPlain):  # a result may not ask the grader to build anything
+        from_plain(spec)
+    assert type(from_plain(spec, allow_build=True)).__name__ == "FakeClockWorkload"
+    with pytest.raises(NotPlain):
+        from_plain({"__memwall__": "pickle", "data": "..."})
+    nested = []
+    for _ in range(100):
+        nested = [nested]
+    with pytest.raises(NotPlain):
+        to_plain(nested)
+
+
+# ---- reading and writing defensively ----------------------------------------------------------
+
+
+def test_reads_refuse_links_fifos_folders_and_big_files(tmp_path):
+    real = tmp_path / "real.txt"
+    real.write_text("0123456789")
+    assert read_regular(real, 100) == b"0123456789"
+    assert read_regular(real, 4, tail=True) == b"6789"
+    with pytest.raises(UnsafeFile):
+        read_regular(real, 4)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(UnsafeFile):
+        read_regular(tmp_path / "link", 100)
+    os.mkfifo(tmp_path / "fifo")  # nobody writes to it: a blocking open would hang the test
+    with pytest.raises(UnsafeFile):
+        read_regular(tmp_path / "fifo", 100)
+    with pytest.raises(UnsafeFile):
+        read_regular(tmp_path, 100)
+    records, why = read_records(tmp_path / "fifo")
+    assert records == [] and "not a regular file" in why
+
+
+def test_atomic_writes_refuse_a_folder_or_a_link_at_the_target(tmp_path):
+    write_atomically(tmp_path / "a.csv", "one")
+    write_atomically(tmp_path / "a.csv", "two")
+    assert (tmp_path / "a.csv").read_text() == "two"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.csv"]  # no temporary file left
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_atomically(tmp_path / "dir.csv", "x")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "a.csv")
+    with pytest.raises(ValueError):
+        write_atomically(tmp_path / "link.csv", "x")
+    assert (tmp_path / "a.csv").read_text() == "two"
+
+
+def test_grading_refuses_a_folder_where_the_csv_goes_before_running_anything(tmp_path):
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "grades.csv").mkdir()
+    with pytest.raises(ValueError, match="is not a file"):
+        grade(tmp_path / "subs", tmp_path / "grades.csv", solutions_dir=SOLUTIONS, progress=False)
+
+
+# ---- submissions -------------------------------------------------------------------------------
+
+
+def test_links_are_refused_and_fifos_skipped(tmp_path):
+    outside = tmp_path / "outside.ipynb"
+    outside.write_text("{}")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "mallory__00_demo.ipynb").symlink_to(outside)
+    (subs / "trudy").symlink_to(tmp_path)
+    os.mkfifo(subs / "fifo__00_demo.ipynb")
+    found, skipped = find_submissions(subs)
+    assert {(s.student, s.problem) for s in found} == {
+        ("mallory", REFUSED_LINK),
+        ("trudy", REFUSED_LINK),
+    }
+    assert [p.name for p in skipped] == ["fifo__00_demo.ipynb"]
+
+
+def test_names_are_nfc_and_duplicates_are_not_graded(tmp_path):
+    (tmp_path / "Jose\u0301__00_demo.ipynb").write_text("{}")
+    (tmp_path / "Jos\u00e9").mkdir()
+    (tmp_path / "Jos\u00e9" / "00_demo.ipynb").write_text("{}")
+    (tmp_path / "ann__00_demo.ipynb").write_text("{}")
+    found, _ = find_submissions(tmp_path)
+    by_student = [(s.student, s.problem.split(":")[0]) for s in found]
+    assert by_student == [("Jos\u00e9", "duplicate"), ("Jos\u00e9", "duplicate"), ("ann", "")]
+
+
+def test_csv_cells_that_look_like_formulas_are_escaped(tmp_path):
+    assert safe_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)"
+    assert [safe_cell(s) for s in ("+1", "-1", "@x", "\tx", "ok")] == [
+        "'+1",
+        "'-1",
+        "'@x",
+        "'\tx",
+        "ok",
+    ]
+    write_csv(
+        [GradeRow("=cmd|' /C calc'!A0", "00_demo.ipynb", "00_demo", status="-oops")],
+        tmp_path / "g.csv",
+    )
+    text = (tmp_path / "g.csv").read_text()
+    assert "'=cmd" in text and "'-oops" in text
+
+
+def test_duplicate_feedback_names_do_not_overwrite_each_other(tmp_path):
+    writer = ReportWriter(tmp_path / "g.csv", tmp_path / "feedback")
+    for status in ("first", "second"):
+        row = GradeRow("ann", "00_demo.ipynb", "00_demo", status=status)
+        row.feedback_name = "ann__00_demo.txt"
+        writer.add(row)
+    assert sorted(p.name for p in (tmp_path / "feedback").iterdir()) == [
+        "ann__00_demo-2.txt",
+        "ann__00_demo.txt",
+    ]
+
+
+# ---- before grading ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "timeout, cell_timeout, jobs, call_timeout",
+    [(-1, 10, 1, None), (0, 10, 1, None), (10, -5, 1, None), (10, 10, 0, None), (10, 10, True, None),
+     (10, 10, 1, 0)],
+)  # fmt: skip
+def test_nonsense_limits_are_refused(timeout, cell_timeout, jobs, call_timeout):
+    with pytest.raises(ValueError):
+        check_ready(timeout, cell_timeout, jobs, call_timeout)
+
+
+def test_missing_grading_tools_fail_with_an_install_hint(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nbval" else real(name, *a)
+    )
+    with pytest.raises(ValueError, match=r"nbval.*pip install 'memwall\[grade\]'"):
+        check_ready(10, 10, 1)
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "memwall.grading", "grade", *map(str, args)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_cli_rejects_a_negative_timeout_in_one_line(tmp_path):
+    (tmp_path / "subs").mkdir()
+    result = run_cli(tmp_path / "subs", "--timeout", "-1", "--solutions", SOLUTIONS)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: the timeout must be a positive number")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_exits_nonzero_when_a_notebook_could_not_be_graded(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "ann__00_demo.ipynb").write_text("{}")
+    (subs / "ann").mkdir()
+    (subs / "ann" / "00_demo.ipynb").write_text("{}")
+    result = run_cli(subs, "--out", tmp_path / "g.csv", "--solutions", SOLUTIONS, "--json")
+    assert result.returncode == 1, result.stderr
+    assert "could not grade ann" in result.stderr
+    assert (tmp_path / "g.csv").read_text().count("duplicate") == 2
+
+
+# ---- the rest ----------------------------------------------------------------------------------
+
+
+def test_check_cells_become_serve_cells():
+    assert serve_source('from memwall.grading import check\ncheck("demo.x", my_fn)', "demo.x") == (
+        'from memwall.exercise_driver.driver import serve\nserve("demo.x", my_fn)\n'
+    )
+    assert serve_source("check(", "demo.x") == UNCONVERTIBLE
+    assert serve_source('check("demo.y", f)', "demo.x") == UNCONVERTIBLE
+
+
+def test_the_tampering_scan_is_linear_on_pathological_code():
+    # Each of these took quadratic time with the old regular expressions.
+    nasty = [
+        "from memwall import " * 50_000,
+        "\n" * 200_000 + "x",
+        " " * 200_000 + "check",
+        "exec " * 50_000,
+    ]
+    assert tampering_flags(nasty) == []
+    assert tampering_flags(["get_ipython().set_custom_exc((E,), f)"]) == ["uses IPython hooks"]
+    assert tampering_flags(["return reference_decode_ceiling(x)"]) == ["calls a reference"]
