@@ -1,7 +1,13 @@
 """Shared fixtures. The real SmolLM2-135M is loaded once per session (from memwall's cache)."""
 
+import os
+
 import pytest
 import torch
+
+# Kernel paths by the fixed rule, not by timing this machine: tests must not depend on timings.
+# Tests that compare paths pin them (memwall.engine.cpu.paths).
+os.environ.setdefault("MEMWALL_KERNEL_PATH", "fixed")
 
 
 @pytest.fixture(scope="session")

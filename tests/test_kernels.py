@@ -220,3 +220,123 @@ def test_build_kernels_command_reports_each_variant(capsys):
     assert set(report["variants"]) == {"avx512", "avx2", "portable"}
     assert report["in_use"] == cpu_kernels.variant()
     assert code == (0 if cpu_kernels.library() is not None else 1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("many", [False, True], ids=["few rows", "many rows"])
+@pytest.mark.parametrize("block", [32, 64])
+@pytest.mark.parametrize(
+    "out_features, in_features, group_size", [(64, 96, 32), (128, 192, 64), (192, 256, 128)]
+)
+def test_int4_kernels_on_pytorchs_layout_match_the_reference(
+    variant, many, block, out_features, in_features, group_size
+):
+    from memwall.engine.quant import quantize_int4
+
+    lib = cpu_kernels.variant_library(variant)
+    weight = seeded(out_features, in_features)
+    codes, scale_zero = quantize_int4(weight, group_size)
+    # PyTorch's blocked layout for either block size, built by hand (quant.from_cpu_kernel_layout
+    # is its inverse), so both are tested whatever this CPU's PyTorch uses.
+    blocks = codes.reshape(out_features // block, block, in_features).transpose(1, 2)
+    packed = (blocks[..., : block // 2] | (blocks[..., block // 2 :] << 4)).reshape(
+        out_features, in_features // 2
+    )
+    from memwall.engine.quant import dequantize_int4, from_cpu_kernel_layout
+
+    assert torch.equal(from_cpu_kernel_layout(packed, block), codes)
+    reference_weight = dequantize_int4(codes, scale_zero, group_size)
+    for rows in ROWS:
+        x = seeded(rows, in_features, seed=rows)
+        ours = cpu_kernels.int4_blocked_linear(
+            x, packed.contiguous(), scale_zero, group_size, block, many=many, lib=lib
+        )
+        assert close(ours, F.linear(x, reference_weight))
+        alone = cpu_kernels.int4_blocked_linear(
+            x[-1:], packed.contiguous(), scale_zero, group_size, block, many=many, lib=lib
+        )
+        assert torch.equal(alone[0], ours[-1])
+
+
+# ---- kernel paths: pinned, fixed, measured ----------------------------------------------------------
+
+
+def layers_of_every_format():
+    weight, bias = seeded(128, 64), seeded(128, seed=5)
+    return {
+        "fp32": Linear(64, 128, bias=True).set_weight(weight, bias),
+        "int8": Int8Linear.from_weight(weight, bias),
+        "int4": Int4Linear.from_weight(weight, bias, group_size=32),
+    }
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_every_path_a_layer_offers_gives_the_reference_result(rows):
+    x = seeded(rows, 64, seed=6)
+    for fmt, layer in layers_of_every_format().items():
+        reference = (
+            F.linear(x, layer.weight, layer.bias) if fmt == "fp32" else layer.reference_forward(x)
+        )
+        for path in layer.paths_for(x):
+            ours = layer.run(path, x)
+            # PyTorch's packed kernels round the activations to bf16 first.
+            tolerance = 1e-2 if path == "torch" else 1e-5
+            assert (ours - reference).abs().max() <= tolerance * reference.abs().max(), (fmt, path)
+
+
+def test_a_pinned_path_is_taken_and_a_bad_pin_names_the_choices(monkeypatch):
+    from memwall.engine.cpu import paths
+
+    layers = layers_of_every_format()
+    x = seeded(1, 64)
+    monkeypatch.setenv(paths.ENV, "fp32:linear,int8:dequant,int4:dequant")
+    assert [paths.choose(layer, x) for layer in layers.values()] == ["linear", "dequant"] * 1 + [
+        "dequant"
+    ]
+    monkeypatch.setenv(paths.ENV, "fp32:bmm")
+    expected = "bmm" if layers["fp32"].splits > 1 else "linear"  # bmm needs 2+ threads
+    assert paths.choose(layers["fp32"], x) == expected
+    monkeypatch.setenv(paths.ENV, "fp32:fast")
+    with pytest.raises(ValueError, match="fp32: c, bmm, linear"):
+        paths.choose(layers["fp32"], x)
+
+
+def test_the_fixed_rule_uses_c_kernels_for_few_rows_where_they_exist(monkeypatch):
+    from memwall.engine.cpu import paths
+
+    monkeypatch.setenv(paths.ENV, "fixed")
+    layers = layers_of_every_format()
+    few, many = seeded(2, 64), seeded(300, 64)
+    if cpu_kernels.available():
+        assert paths.choose(layers["fp32"], few) == "c"
+        assert paths.choose(layers["int4"], few) == "c"
+        assert paths.choose(layers["int4"], many) == "c_many"
+    else:
+        assert paths.choose(layers["int8"], few) in ("torch", "dequant")
+    assert paths.choose(layers["fp32"], many) == "linear"
+
+
+def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
+    """Which path wins is the machine's business; that one is chosen, kept and reported is ours."""
+    from memwall.engine.cpu import paths
+
+    monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))
+    monkeypatch.setenv(paths.ENV, "auto")
+    paths.forget()
+    try:
+        layer = layers_of_every_format()["int8"]
+        x = seeded(3, 64)
+        chosen = paths.choose(layer, x)
+        assert chosen in layer.paths_for(x)
+        assert "timing kernel paths" in capsys.readouterr().err or paths._announced
+        report = paths.chosen_paths()
+        assert report["paths"]["int8"] == {"128x64 float32 <= 4 rows": chosen}
+        assert report["machine"]["threads"] == torch.get_num_threads()
+        assert paths.cache_file().exists() and str(tmp_path) in report["cache_file"]
+        paths._decisions.cache_clear()  # a new process reads the file instead of measuring
+        paths._memo.clear()
+        monkeypatch.setattr(paths, "_measure", lambda *args: pytest.fail("measured again"))
+        assert paths.choose(layer, x) == chosen
+    finally:
+        paths._memo.clear()
+        paths._decisions.cache_clear()

@@ -249,3 +249,46 @@ def int4_linear(
     if status:
         raise MemoryError("int4_linear could not allocate its scratch buffers")
     return out
+
+
+def int4_blocked_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale_zero: torch.Tensor,
+    group_size: int,
+    block: int,
+    many=False,
+    lib=None,
+) -> torch.Tensor:
+    """Like int4_linear, for codes [out, in / 2] in PyTorch's CPU kernel layout with `block` rows
+    per block (quant.cpu_int4_block()), so that PyTorch's int4 kernel can read the same bytes."""
+    out_features, in_features = packed.shape[0], 2 * packed.shape[1]
+    if block not in (32, 64) or out_features % block:
+        raise ValueError(f"block must be 32 or 64 and divide out ({out_features}), got {block}")
+    if group_size <= 0 or in_features % group_size:
+        raise ValueError(f"group_size {group_size} must divide in ({in_features})")
+    x = _check(
+        x,
+        in_features,
+        out_features,
+        packed=(packed, torch.uint8, (out_features, in_features // 2)),
+        scale_zero=(scale_zero, torch.bfloat16, (in_features // group_size, out_features, 2)),
+    )
+    rows, out = _output(x, out_features)
+    lib = lib or library()
+    kernel = lib.int4_blocked_linear_many if many else lib.int4_blocked_linear
+    status = kernel(
+        x.data_ptr(),
+        packed.data_ptr(),
+        scale_zero.data_ptr(),
+        out.data_ptr(),
+        rows,
+        in_features,
+        out_features,
+        group_size,
+        block,
+        torch.get_num_threads(),
+    )
+    if status:
+        raise MemoryError("int4_blocked_linear could not allocate its scratch buffers")
+    return out

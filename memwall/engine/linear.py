@@ -22,10 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from memwall.engine import cpu_kernels
+from memwall.engine.cpu import paths as kernel_paths
 
-# Above this many activation rows F.linear beat the row split on the course CPU (SmolLM2-135M's
-# shapes: the split was ahead up to 128 rows and behind at 512).
+# The fixed rule (kernel_paths.fixed_path): above this many activation rows F.linear, which beat
+# the row split on the course CPU (SmolLM2-135M's shapes: the split was ahead up to 128 rows).
 MAX_SPLIT_ROWS = 256
+FORMAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def default_splits(device) -> int:
@@ -71,20 +73,34 @@ class Linear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_kernels.fp32_usable(x, self.weight):
+        return self.run(kernel_paths.choose(self, x), x)
+
+    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
+        """x W^T + b through one path: "c" (memwall's kernel), "bmm" (row split), "linear"."""
+        if path == "c":
             y = cpu_kernels.fp32_linear(x, self.weight)
-        elif self.splits == 1 or x.numel() > MAX_SPLIT_ROWS * self.in_features:
-            return F.linear(x, self.weight, self.bias)
-        else:
+        elif path == "bmm":
             rows = x.reshape(-1, self.in_features)
             slabs = self.weight.view(
                 self.splits, self.out_features // self.splits, self.in_features
             )
-            y = torch.bmm(
-                slabs, rows.t().expand(self.splits, -1, -1)
-            )  # [splits, out / splits, rows]
+            y = torch.bmm(slabs, rows.t().expand(self.splits, -1, -1))  # [splits, out/splits, rows]
             y = y.view(self.out_features, -1).t().reshape(*x.shape[:-1], self.out_features)
+        else:
+            return F.linear(x, self.weight, self.bias)
         return y if self.bias is None else y + self.bias
+
+    def paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
+        """The paths that can take x, for kernel_paths.choose."""
+        if x.device.type != "cpu" or x.shape[-1] != self.in_features:
+            return ("linear",)  # F.linear also raises the usual error for a wrong width
+        c = ("c",) if cpu_kernels.fp32_fits(x, self.weight) else ()
+        bmm = ("bmm",) if self.splits > 1 and x.dtype == self.weight.dtype else ()
+        return (*c, *bmm, "linear")
+
+    def kernel_key(self) -> tuple[str, str]:
+        fmt = FORMAT_NAMES.get(self.weight.dtype, str(self.weight.dtype))
+        return fmt, f"{self.out_features}x{self.in_features}"
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, splits={self.splits}"

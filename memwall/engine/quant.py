@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memwall.engine import cpu_kernels
+from memwall.engine.cpu import paths as kernel_paths
 from memwall.engine.linear import Linear
 
 SCHEMES = ("int8", "int4")
@@ -182,9 +183,13 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cpu_kernels.check_width(x, self.in_features, self.out_features)
-        if cpu_kernels.usable(x, self.in_features):
-            y = cpu_kernels.int8_linear(x, self.codes, self.scales)
-        elif _int8_kernel_ok(x):
+        return self.run(kernel_paths.choose(self, x), x)
+
+    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
+        """One path (kernel_paths): "c", "c_many", "torch" or "dequant" (the reference)."""
+        if path in ("c", "c_many"):
+            y = cpu_kernels.int8_linear(x, self.codes, self.scales, many=path == "c_many")
+        elif path == "torch":
             y = _through_bf16(
                 x,
                 self.out_features,
@@ -193,6 +198,17 @@ class Int8Linear(nn.Module):
         else:
             return self.reference_forward(x)
         return y if self.bias is None else y + self.bias
+
+    def paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
+        if x.device.type != "cpu":
+            return ("dequant",)
+        c = ("c",) if cpu_kernels.quant_fits(x, self.in_features) else ()
+        many = ("c_many",) if c and self.out_features % 4 == 0 else ()
+        library = ("torch",) if _int8_kernel_ok(x) else ()
+        return (*c, *many, *library, "dequant")
+
+    def kernel_key(self) -> tuple[str, str]:
+        return "int8", f"{self.out_features}x{self.in_features}"
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(
@@ -218,13 +234,16 @@ class Int4Linear(nn.Module):
         _check_group_size(group_size, self.in_features)
         self.group_size = group_size
         on_cpu = codes.device.type == "cpu"
-        # memwall's C kernel reads the plain layout; PyTorch's kernel needs its own.
-        self.c_kernel = on_cpu and group_size % 32 == 0 and cpu_kernels.available()
-        block = cpu_int4_block() if on_cpu and not self.c_kernel else None
+        # PyTorch's CPU layout where its kernel exists: memwall's C kernels read it too, so both
+        # can be timed on the same bytes. Otherwise the plain layout (memwall's kernels only).
+        block = cpu_int4_block() if on_cpu else None
         self.kernel_layout = (
             block is not None
             and group_size in INT4_KERNEL_GROUP_SIZES
             and self.out_features % block == 0
+        )
+        self.c_kernel = (
+            on_cpu and cpu_kernels.available() and (self.kernel_layout or group_size % 32 == 0)
         )
         if self.kernel_layout:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
@@ -255,9 +274,19 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cpu_kernels.check_width(x, self.in_features, self.out_features)
-        if self.c_kernel and cpu_kernels.usable(x, self.in_features):
-            y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size)
-        elif self.kernel_layout and x.device.type == "cpu":
+        return self.run(kernel_paths.choose(self, x), x)
+
+    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
+        """One path (kernel_paths): "c", "c_many", "torch" or "dequant" (the reference)."""
+        if path in ("c", "c_many"):
+            many = path == "c_many"
+            if self.kernel_layout:
+                y = cpu_kernels.int4_blocked_linear(
+                    x, self.packed, self.scale_zero, self.group_size, self.block, many
+                )
+            else:
+                y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size, many)
+        elif path == "torch":
             y = _through_bf16(
                 x,
                 self.out_features,
@@ -268,6 +297,21 @@ class Int4Linear(nn.Module):
         else:
             return self.reference_forward(x)
         return y if self.bias is None else y + self.bias
+
+    def paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
+        if x.device.type != "cpu":
+            return ("dequant",)
+        fits = cpu_kernels.quant_fits(x, self.in_features) and (
+            self.kernel_layout or self.group_size % 32 == 0
+        )
+        c = ("c",) if fits else ()
+        many = ("c_many",) if fits and self.out_features % 4 == 0 else ()
+        library = ("torch",) if self.kernel_layout else ()
+        return (*c, *many, *library, "dequant")
+
+    def kernel_key(self) -> tuple[str, str]:
+        layout = "torch-layout" if self.kernel_layout else "plain"
+        return "int4", f"{self.out_features}x{self.in_features}/g{self.group_size}/{layout}"
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(
@@ -325,8 +369,20 @@ def quantize(
                 raise ValueError(f"{name}: {error}") from None
     target = model
     if not inplace:
-        # Copy everything but the float weights about to be replaced (they would be thrown away).
-        skip = {id(module.weight): torch.empty(0) for module, _ in plan.values()}
+        # Copy everything but the float weights about to be replaced (they would be thrown away),
+        # except a weight that a module we keep also uses (a head tied to the embedding table).
+        replaced = {id(module) for module, _ in plan.values()}
+        kept = {
+            id(p)
+            for m in model.modules()
+            if id(m) not in replaced
+            for p in m.parameters(recurse=False)
+        }
+        skip = {
+            id(module.weight): torch.empty(0)
+            for module, _ in plan.values()
+            if id(module.weight) not in kept
+        }
         target = copy.deepcopy(model, memo=skip)
     for name, (old, chosen) in plan.items():
         bias = None if old.bias is None else old.bias.detach()

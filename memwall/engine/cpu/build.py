@@ -129,6 +129,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "int4_linear": ([pointer] * 4 + [long] * 4 + [c_int], c_int),
         "int8_linear_many": ([pointer] * 4 + [long] * 3 + [c_int], c_int),
         "int4_linear_many": ([pointer] * 4 + [long] * 4 + [c_int], c_int),
+        "int4_blocked_linear": ([pointer] * 4 + [long] * 5 + [c_int], c_int),
+        "int4_blocked_linear_many": ([pointer] * 4 + [long] * 5 + [c_int], c_int),
         "memwall_cpu_features": ([], c_int),
     }
     for name, (args, result) in signatures.items():

@@ -131,3 +131,123 @@ static int int4_prepare(const float *x, long rows, long in, long group, float **
     }
     return 0;
 }
+
+/* ---- int4 in PyTorch's CPU kernel layout ----------------------------------------------------
+ * aten._convert_weight_to_int4pack_for_cpu stores codes [out, in] as [out / B, in, B / 2] bytes:
+ * for each block of B output rows (64 with AVX-512, 32 with AVX2) and each input k, byte j holds
+ * row j in its low nibble and row j + B / 2 in its high one (quant.from_cpu_kernel_layout).
+ * So the B weights of one input sit side by side: vector lanes are output rows, each input's
+ * activation is broadcast, and a group's (scale, offset) are applied once to B lanes of sums, not
+ * once per row with a horizontal sum. The loops below are plain C over lanes; the compiler
+ * turns them into the variant's vector instructions. */
+
+static float *group_sums(const float *x, long rows, long in, long group) {
+    long groups = in / group;
+    float *sums = malloc(sizeof(float) * rows * groups);
+    if (sums == NULL) return NULL;
+    for (long r = 0; r < rows * groups; r++) {
+        sums[r] = 0.0f;
+        for (long i = 0; i < group; i++) sums[r] += x[r * group + i];
+    }
+    return sums;
+}
+
+#ifndef HAS_INT4_BLOCKED_LINEAR
+/* One block of B output rows starting at o, for `nr` (1 or 2) activation rows. */
+static inline __attribute__((always_inline)) void int4_blocked_tile(
+    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
+    long in, long out, long o, long group, const int B, const int nr) {
+    float total[2][64] = {{0}}, part[2][64];
+    long groups = in / group;
+    for (long g = 0; g < groups; g++) {
+        for (int r = 0; r < nr; r++)
+            for (int j = 0; j < B; j++) part[r][j] = 0.0f;
+        for (long k = g * group; k < (g + 1) * group; k++) {
+            const uint8_t *b = bytes + k * (B / 2);
+            for (int r = 0; r < nr; r++) {
+                float xk = x[r * in + k];
+                for (int j = 0; j < B / 2; j++) {
+                    part[r][j] += (float)(b[j] & 15) * xk;
+                    part[r][j + B / 2] += (float)(b[j] >> 4) * xk;
+                }
+            }
+        }
+        const uint16_t *sz = scale_zero + (g * out + o) * 2;
+        for (int r = 0; r < nr; r++) {
+            float sum_x = x_sums[r * groups + g];
+            for (int j = 0; j < B; j++) {
+                float scale = bf16_to_float(sz[2 * j]), zero = bf16_to_float(sz[2 * j + 1]);
+                total[r][j] += scale * part[r][j] + (zero - 8.0f * scale) * sum_x;
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < B; j++) y[r * out + o + j] = total[r][j];
+}
+
+static inline __attribute__((always_inline)) void int4_blocked_rows(
+    const float *x, const float *x_sums, const uint8_t *packed, const uint16_t *scale_zero, float *y,
+    long rows, long in, long out, long group, const int B, int threads) {
+    long groups = in / group;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o += B) {
+        const uint8_t *bytes = packed + o * (in / 2);
+        long r = 0;
+        for (; r + 2 <= rows; r += 2)
+            int4_blocked_tile(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in,
+                              out, o, group, B, 2);
+        if (r < rows)
+            int4_blocked_tile(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in,
+                              out, o, group, B, 1);
+    }
+}
+
+/* x [rows, in] against codes in PyTorch's layout with blocks of `block` (32 or 64) rows; `out` a
+ * multiple of `block`, `in` of `group`. Returns 0, or -1 if out of memory. */
+int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
+                        long rows, long in, long out, long group, long block, int threads) {
+    float *x_sums = group_sums(x, rows, in, group);
+    if (x_sums == NULL || (block != 32 && block != 64)) {
+        free(x_sums);
+        return -1;
+    }
+    if (block == 64)
+        int4_blocked_rows(x, x_sums, packed, scale_zero, y, rows, in, out, group, 64, threads);
+    else
+        int4_blocked_rows(x, x_sums, packed, scale_zero, y, rows, in, out, group, 32, threads);
+    free(x_sums);
+    return 0;
+}
+#endif
+
+/* Many rows: each thread dequantizes one block of rows at a time into its cache and runs the
+ * fp32 tile over every activation row. */
+int int4_blocked_linear_many(const float *x, const uint8_t *packed, const uint16_t *scale_zero,
+                             float *y, long rows, long in, long out, long group, long block,
+                             int threads) {
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *chunk = malloc(sizeof(float) * block * in);
+        #pragma omp for schedule(static)
+        for (long o = 0; o < out; o += block) {
+            if (chunk == NULL) { failed = 1; continue; }
+            const uint8_t *bytes = packed + o * (in / 2);
+            for (long k = 0; k < in; k++)
+                for (long j = 0; j < block / 2; j++) {
+                    chunk[j * in + k] = (float)(bytes[k * (block / 2) + j] & 15);
+                    chunk[(j + block / 2) * in + k] = (float)(bytes[k * (block / 2) + j] >> 4);
+                }
+            for (long j = 0; j < block; j++)
+                for (long g = 0; g < in / group; g++) {
+                    const uint16_t *sz = scale_zero + (g * out + o + j) * 2;
+                    float scale = bf16_to_float(sz[0]), zero = bf16_to_float(sz[1]);
+                    float *w = chunk + j * in + g * group;
+                    for (long i = 0; i < group; i++) w[i] = (w[i] - 8.0f) * scale + zero;
+                }
+            fp32_block(x, chunk, y + o, rows, in, out, block);
+        }
+        free(chunk);
+    }
+    return failed ? -1 : 0;
+}

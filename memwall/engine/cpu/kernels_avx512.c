@@ -14,6 +14,7 @@
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out);
+#define HAS_INT4_BLOCKED_LINEAR /* below, with intrinsics */
 #include "common.h"
 
 /* 4 output rows x `nr` (1 to 4) activation rows: 16 sums in registers. */
@@ -125,6 +126,147 @@ int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zer
         }
     }
     free(x_split);
+    free(x_sums);
+    return 0;
+}
+
+/* ---- int4 in PyTorch's CPU layout (see common.h): lanes are output rows -------------------- */
+
+/* The bf16 (scale, offset) pairs of 16 consecutive output rows -> two vectors of floats. */
+static inline void scale_zero16(const uint16_t *pairs, __m512 *scale, __m512 *zero) {
+    __m512i both = _mm512_loadu_si512((const void *)pairs);  /* 16 x (s | z << 16) */
+    *scale = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+    *zero = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* One block of B (32 or 64) output rows from o, for nr (1 or 2) activation rows. Even and odd
+ * inputs go to separate sums, so that consecutive multiply-adds do not wait on each other; the
+ * order of additions is the same for any nr, so a row gets the same bits alone or batched. */
+static inline __attribute__((always_inline)) void int4_blocked_tile512(
+    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
+    long in, long out, long o, long group, const int B, const int nr) {
+    enum { V = 4 };  /* up to 64 rows: 4 vectors of 16 */
+    const int nv = B / 16;
+    __m512 total[2][V], part[2][2][V];  /* [row][even/odd input][vector] */
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < nv; v++) total[r][v] = _mm512_setzero_ps();
+    /* permutexvar reads only an index's low 4 bits: it looks up a nibble's value directly. */
+    const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    long groups = in / group;
+    for (long g = 0; g < groups; g++) {
+        for (int r = 0; r < nr; r++)
+            for (int v = 0; v < nv; v++) part[r][0][v] = part[r][1][v] = _mm512_setzero_ps();
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            for (int s = 0; s < 2; s++) {
+                /* 16 bytes widened to 16 lanes: a lane's low nibble is row j, its high one row
+                 * j + B / 2. */
+                __m512 w[V];
+                for (int h = 0; h < B / 32; h++) {
+                    __m512i raw = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(bytes + (k + s) * (B / 2) + 16 * h)));
+                    w[h] = _mm512_permutexvar_ps(raw, lut);
+                    w[h + B / 32] = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), lut);
+                }
+                for (int r = 0; r < nr; r++) {
+                    __m512 xk = _mm512_set1_ps(x[r * in + k + s]);
+                    for (int v = 0; v < nv; v++)
+                        part[r][s][v] = _mm512_fmadd_ps(w[v], xk, part[r][s][v]);
+                }
+            }
+        }
+        const uint16_t *sz = scale_zero + (g * out + o) * 2;
+        for (int v = 0; v < nv; v++) {
+            __m512 scale, zero;
+            scale_zero16(sz + 32 * v, &scale, &zero);
+            __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero);  /* z - 8 s */
+            for (int r = 0; r < nr; r++) {
+                __m512 q_dot = _mm512_add_ps(part[r][0][v], part[r][1][v]);
+                total[r][v] = _mm512_fmadd_ps(scale, q_dot, total[r][v]);
+                total[r][v] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x_sums[r * groups + g]),
+                                              total[r][v]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + r * out + o + 16 * v, total[r][v]);
+}
+
+/* The decode case written out: one activation row, blocks of 64, two inputs per iteration into
+ * separate sums (the compiler keeps all of it in registers, which the general tile does not). */
+static void int4_b64_one_row(const float *x, const float *x_sums, const uint8_t *bytes,
+                             const uint16_t *scale_zero, float *y, long in, long out, long o,
+                             long group) {
+    const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+    long groups = in / group;
+    for (long g = 0; g < groups; g++) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            const uint8_t *p = bytes + k * 32;
+            __m512i r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+            __m512i r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
+            __m512i r2 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 32)));
+            __m512i r3 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 48)));
+            __m512 xa = _mm512_set1_ps(x[k]), xb = _mm512_set1_ps(x[k + 1]);
+            a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r0, lut), xa, a0);
+            a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r1, lut), xa, a1);
+            a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r0, 4), lut), xa, a2);
+            a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r1, 4), lut), xa, a3);
+            b0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r2, lut), xb, b0);
+            b1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r3, lut), xb, b1);
+            b2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r2, 4), lut), xb, b2);
+            b3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r3, 4), lut), xb, b3);
+        }
+        const uint16_t *sz = scale_zero + (g * out + o) * 2;
+        __m512 sum_x = _mm512_set1_ps(x_sums[g]), eight = _mm512_set1_ps(8.0f), scale, zero;
+#define MEMWALL_APPLY(v, a, b, t)                                                        \
+        scale_zero16(sz + 32 * v, &scale, &zero);                                        \
+        t = _mm512_fmadd_ps(scale, _mm512_add_ps(a, b), t);                              \
+        t = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, scale, zero), sum_x, t);
+        MEMWALL_APPLY(0, a0, b0, t0)
+        MEMWALL_APPLY(1, a1, b1, t1)
+        MEMWALL_APPLY(2, a2, b2, t2)
+        MEMWALL_APPLY(3, a3, b3, t3)
+#undef MEMWALL_APPLY
+    }
+    _mm512_storeu_ps(y + o, t0);
+    _mm512_storeu_ps(y + o + 16, t1);
+    _mm512_storeu_ps(y + o + 32, t2);
+    _mm512_storeu_ps(y + o + 48, t3);
+}
+
+static inline __attribute__((always_inline)) void int4_blocked_rows512(
+    const float *x, const float *x_sums, const uint8_t *packed, const uint16_t *scale_zero, float *y,
+    long rows, long in, long out, long group, const int B, int threads) {
+    long groups = in / group;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o += B) {
+        const uint8_t *bytes = packed + o * (in / 2);
+        long r = 0;
+        for (; r + 2 <= rows; r += 2)
+            int4_blocked_tile512(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out,
+                                 in, out, o, group, B, 2);
+        if (r < rows && B == 64)
+            int4_b64_one_row(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in,
+                             out, o, group);
+        else if (r < rows)
+            int4_blocked_tile512(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out,
+                                 in, out, o, group, B, 1);
+    }
+}
+
+int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
+                        long rows, long in, long out, long group, long block, int threads) {
+    float *x_sums = group_sums(x, rows, in, group);
+    if (x_sums == NULL || (block != 32 && block != 64)) {
+        free(x_sums);
+        return -1;
+    }
+    if (block == 64)
+        int4_blocked_rows512(x, x_sums, packed, scale_zero, y, rows, in, out, group, 64, threads);
+    else
+        int4_blocked_rows512(x, x_sums, packed, scale_zero, y, rows, in, out, group, 32, threads);
     free(x_sums);
     return 0;
 }

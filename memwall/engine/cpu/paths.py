@@ -1,0 +1,211 @@
+"""Which kernel path a layer takes, chosen by measuring on this machine.
+
+A linear layer can multiply in several ways, and which is fastest depends on the CPU, the number
+of activation rows and the weight format (one 2-core EPYC with AVX2 and a Zen 5 with AVX-512
+disagreed on every one of these). So the first time a layer of a given format and shape meets a
+given bucket of rows, the candidates are timed on its real weights (a few hundred milliseconds
+for the whole model, with a message on stderr) and the fastest is kept, on disk, under a key for
+this machine: CPU model, ISA flags, threads, torch version and the kernels' source hash.
+
+The candidates (a layer lists the ones that can take a given input):
+  fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear)
+  int8, int4:       "c" (C, a few rows at a time), "c_many" (C, chunks of dequantized weights),
+                    "torch" (PyTorch's packed kernels, bf16 activations), "dequant" (reference)
+
+MEMWALL_KERNEL_PATH pins paths, for tests and for chapters that compare paths:
+  "fp32:bmm,int8:c"  pins those formats (others are measured); "fixed" uses the fixed rules below
+  for everything (no timing: the tests use it); "auto" or unset measures.
+A pinned path that cannot take an input falls back to the fixed rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from memwall.engine import cpu_kernels
+
+ENV = "MEMWALL_KERNEL_PATH"
+PATHS = {
+    "fp32": ("c", "bmm", "linear"),
+    "bf16": ("bmm", "linear"),
+    "fp16": ("bmm", "linear"),
+    "int8": ("c", "c_many", "torch", "dequant"),
+    "int4": ("c", "c_many", "torch", "dequant"),
+}
+BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
+FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
+
+_memo: dict[tuple, str] = {}
+_announced = False
+
+
+def bucket(rows: int) -> int:
+    return next((top for top in BUCKETS if rows <= top), BUCKETS[-1])
+
+
+@functools.cache
+def parse_pins(spec: str | None) -> dict[str, str] | str:
+    """MEMWALL_KERNEL_PATH -> {format: path}, or "fixed"/"auto"; a ValueError names the choices."""
+    if not spec or spec.strip() == "auto":
+        return "auto"
+    if spec.strip() == "fixed":
+        return "fixed"
+    pins = {}
+    for item in spec.split(","):
+        fmt, _, path = item.strip().partition(":")
+        if fmt not in PATHS or path not in PATHS[fmt]:
+            choices = "; ".join(f"{f}: {', '.join(p)}" for f, p in PATHS.items())
+            raise ValueError(
+                f"{ENV}: {item.strip()!r} is not format:path ({choices}), 'fixed' or 'auto'"
+            )
+        pins[fmt] = path
+    return pins
+
+
+def fixed_path(fmt: str, rows: int, options: tuple[str, ...]) -> str:
+    """The rule used when nothing is measured: C kernels for few rows, then the library."""
+    if fmt in ("int8", "int4"):
+        order = ("c", "torch") if rows <= FEW_ROWS[fmt] else ("c_many", "torch")
+    else:
+        order = ("c", "bmm") if rows <= FEW_ROWS.get(fmt, 256) else ("linear",)
+    return next((path for path in order if path in options), options[-1])
+
+
+def choose(layer, x: torch.Tensor) -> str:
+    """The path `layer` should take for input x [..., in]."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    spec = os.environ.get(ENV)
+    key = (layer.kernel_key(), rows, x.dtype, x.device.type, cpu_kernels._switched_off, spec)
+    path = _memo.get(key)
+    if path is None:
+        path = _memo[key] = _decide(layer, x, rows, parse_pins(spec))
+    return path
+
+
+def _decide(layer, x, rows, pins) -> str:
+    options = layer.paths_for(x)
+    fmt = layer.kernel_key()[0]
+    if len(options) == 1 or x.device.type != "cpu" or pins == "fixed":
+        return fixed_path(fmt, rows, options)
+    if isinstance(pins, dict) and fmt in pins:
+        return pins[fmt] if pins[fmt] in options else fixed_path(fmt, rows, options)
+    name = _decision_name(layer, x, rows)
+    decisions = _decisions()
+    if decisions.get(name) not in options:
+        decisions[name] = _measure(layer, x, bucket(rows), options)
+        _save(decisions)
+    return decisions[name]
+
+
+def _decision_name(layer, x, rows) -> str:
+    fmt, shape = layer.kernel_key()
+    return f"{fmt}:{shape}:{str(x.dtype).removeprefix('torch.')}:{bucket(rows)}"
+
+
+def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
+    """Time each option on `rows` random rows through `layer`'s real weights; the fastest."""
+    global _announced
+    if not _announced:
+        print(
+            f"memwall: timing kernel paths on this machine (once; cached in {cache_file()})",
+            file=sys.stderr,
+        )
+        _announced = True
+    candidates = [p for p in options if p != "dequant"] or list(options)
+    sample = torch.randn(rows, x.shape[-1], dtype=x.dtype)
+    times = {path: [] for path in candidates}
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for path in candidates:
+            layer.run(path, sample)  # warm-up
+        # Repeat short calls so that each sample lasts about a millisecond.
+        repeats = max(1, int(1e-3 * len(candidates) / max(time.perf_counter() - start, 1e-7)))
+        for _ in range(5):
+            for path in candidates:
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    layer.run(path, sample)
+                times[path].append(time.perf_counter() - start)
+    return min(candidates, key=lambda path: statistics.median(times[path]))
+
+
+# ---- the decisions on disk, keyed by this machine -------------------------------------------------
+
+
+@functools.cache
+def machine_key() -> dict:
+    """What the decisions depend on: the machine, threads, torch and the kernels' sources."""
+    from memwall.engine.cpu import build
+    from memwall.fingerprint import fingerprint_id, machine_fingerprint
+
+    fingerprint = machine_fingerprint()
+    key = {
+        "machine": fingerprint_id(fingerprint),
+        "cpu_model": fingerprint["cpu_model"],
+        "isa": fingerprint["isa"],
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "kernel_variant": cpu_kernels.variant(),
+        "kernel_source": build.source_hash(),
+    }
+    key["id"] = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return key
+
+
+def cache_file():
+    from memwall.paths import cache_dir
+
+    return cache_dir() / "kernel_paths" / f"{machine_key()['id']}.json"
+
+
+@functools.cache
+def _decisions() -> dict[str, str]:
+    try:
+        return dict(json.loads(cache_file().read_text())["decisions"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _save(decisions: dict[str, str]) -> None:
+    target = cache_file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(suffix=".json", dir=target.parent)
+        with os.fdopen(fd, "w") as file:
+            json.dump({"machine": machine_key(), "decisions": decisions}, file, indent=1)
+        os.replace(partial, target)
+    except OSError:
+        pass  # a read-only cache folder: the decisions last for this process
+
+
+def forget() -> None:
+    """Drop every decision, in memory and on disk (the next use measures again)."""
+    _memo.clear()
+    _decisions.cache_clear()
+    try:
+        cache_file().unlink()
+    except OSError:
+        pass
+
+
+def chosen_paths() -> dict:
+    """For `memwall info`: the machine key, any pins, and the path per format, shape and rows."""
+    per_format: dict[str, dict[str, str]] = {}
+    for name, path in sorted(_decisions().items()):
+        fmt, shape, dtype, rows = name.split(":")
+        per_format.setdefault(fmt, {})[f"{shape} {dtype} <= {rows} rows"] = path
+    return {
+        "machine": machine_key(),
+        "pinned": os.environ.get(ENV) or None,
+        "cache_file": str(cache_file()),
+        "paths": per_format,
+    }
