@@ -251,6 +251,33 @@ def _memory_bytes(device) -> float:
         return 0.0
 
 
+MiB = 2**20
+
+
+def working_set_bytes(quick: bool, cache_bytes: int, free_bytes: int) -> int:
+    """Bytes per buffer for the bandwidth test: far above the last-level cache, or we would time
+    the cache instead of DRAM/HBM (8x it, 4x when quick; at least 256/128 MiB), and small enough
+    that the two buffers take at most a quarter of the free memory (Binder gives 1-2 GB)."""
+    cache_bytes = cache_bytes or 32 * MiB  # unknown: a typical server L3
+    size = max((4 if quick else 8) * cache_bytes, (128 if quick else 256) * MiB)
+    if free_bytes:
+        size = min(size, free_bytes // 8)
+    return max(size // MiB, 1) * MiB
+
+
+def _cache_and_free_memory(device) -> tuple[int, int]:
+    """(last-level cache bytes, free memory bytes) of `device`; 0 where unknown."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0), free
+    from memwall.fingerprint import last_level_cache_bytes
+    from memwall.memory import available_memory_bytes
+
+    return last_level_cache_bytes(), available_memory_bytes()
+
+
 @functools.cache
 def _measure(device_str: str, quick: bool) -> Measurement:
     import torch
@@ -266,9 +293,7 @@ def _measure(device_str: str, quick: bool) -> Measurement:
     else:
         synchronize = lambda: None  # noqa: E731 - CPU ops are synchronous
 
-    # Working set far above the last-level cache (260 MiB L3 on the course machine; ~50 MiB L2 on
-    # an H100), or we would be timing the cache instead of DRAM/HBM.
-    working_set = (512 if quick else 1024) * 2**20
+    working_set = working_set_bytes(quick, *_cache_and_free_memory(device))
     source = torch.ones(working_set // 4, dtype=torch.float32, device=device)
     target = torch.empty_like(source)
     # On a GPU one pass takes well under a millisecond, so time several passes per sample.

@@ -42,8 +42,8 @@ class Transformer(nn.Module):
             for _ in range(n_layers)
         )
         self.norm = RMSNorm(d_model, eps)
-        # Even with tied embeddings the LM head keeps its own copy, so that it can be quantized on its
-        # own (chapter 7): more RAM, but the same bytes read per step (the lookup reads one row).
+        # A Linear of its own, so that it can be quantized on its own (chapter 7); with tied embeddings
+        # from_hf points its weight at the embedding table until then.
         self.lm_head = Linear(d_model, vocab_size)
         self.tied_embeddings = tied_embeddings
         self.rotary = Rotary(head_dim, max_positions, rope_theta)
@@ -112,7 +112,12 @@ class Transformer(nn.Module):
             )
         with torch.no_grad():
             model.embed.weight.copy_(ref.embed_tokens.weight)
-            model.lm_head.set_weight(hf_model.lm_head.weight)
+            if model.tied_embeddings and hf_model.lm_head.weight is ref.embed_tokens.weight:
+                # One table for both, as in the source model: quantizing the head (chapter 7) builds
+                # a new module, so the embedding is never changed through it.
+                model.lm_head.weight = model.embed.weight
+            else:
+                model.lm_head.set_weight(hf_model.lm_head.weight)
             model.norm.weight.copy_(ref.norm.weight)
             for block, src in zip(model.blocks, ref.layers):
                 a = src.self_attn

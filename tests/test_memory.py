@@ -1,0 +1,126 @@
+"""Memory a chapter needs: one copy of the weights, a bandwidth test sized to the machine, and
+the helpers that report RSS (the book's memory test uses `notebook_peak_rss`)."""
+
+import json
+
+import pytest
+import torch
+
+from memwall import memory, models
+from memwall.engine import Transformer, share_weights
+from memwall.hardware import MiB, working_set_bytes
+from memwall.specs import ModelSpec
+
+
+def tiny_model(tied=True, qkv_bias=False):
+    spec = ModelSpec(
+        name="tiny-shared",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        d_ff=48,
+        vocab_size=64,
+        tied_embeddings=tied,
+        max_context=64,
+    )
+    model = models.random_init(spec, dtype=torch.float32, seed=1)
+    if qkv_bias:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    proj.bias = torch.nn.Parameter(torch.randn(proj.out_features))
+                layer.self_attn.v_proj.bias = torch.nn.Parameter(
+                    torch.randn(layer.self_attn.v_proj.out_features)
+                )
+    return model
+
+
+def storages(module):
+    return {t.untyped_storage().data_ptr() for t in module.parameters()}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_shared_weights_are_one_copy_and_change_no_logit(tied):
+    hf = tiny_model(tied=tied)
+    engine = Transformer.from_hf(hf)
+    tokens = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        hf_before, engine_before = hf(tokens).logits, engine(tokens)
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    freed = share_weights(engine, hf)
+    assert freed == weight_bytes  # every transformers weight now lives in the engine
+    assert storages(hf) <= storages(engine)
+    with torch.no_grad():
+        assert torch.equal(hf(tokens).logits, hf_before)
+        assert torch.equal(engine(tokens), engine_before)
+    assert share_weights(engine, hf) == 0  # a second call finds nothing left to share
+
+
+def test_a_tied_head_shares_the_embedding_inside_the_engine():
+    engine = Transformer.from_hf(tiny_model(tied=True))
+    assert engine.lm_head.weight is engine.embed.weight
+    untied = Transformer.from_hf(tiny_model(tied=False))
+    assert untied.lm_head.weight.data_ptr() != untied.embed.weight.data_ptr()
+
+
+def test_a_quantized_layer_keeps_its_transformers_twin():
+    from memwall.engine.quant import quantize
+
+    hf = tiny_model()
+    engine = quantize(Transformer.from_hf(hf), "int8", head="float")
+    tokens = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        before = hf(tokens).logits
+    share_weights(engine, hf)  # only the norms and embeddings are still float in the engine
+    with torch.no_grad():
+        assert torch.equal(hf(tokens).logits, before)
+    assert hf.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+
+
+def test_measure_working_set_is_far_above_the_cache_and_fits_in_memory():
+    assert working_set_bytes(False, 32 * MiB, 20 * 2**30) == 256 * MiB
+    assert working_set_bytes(True, 32 * MiB, 20 * 2**30) == 128 * MiB
+    assert working_set_bytes(False, 96 * MiB, 64 * 2**30) == 768 * MiB  # 8x a larger L3
+    # Binder: 1.2 GB free -> two buffers in a quarter of it, still several times a 32 MiB L3.
+    assert working_set_bytes(False, 32 * MiB, 1_200_000_000) == 143 * MiB
+    assert working_set_bytes(False, 0, 0) == 256 * MiB  # unknown cache and memory
+
+
+def test_rss_and_available_memory(tmp_path, monkeypatch):
+    current = memory.current_rss_bytes()
+    assert current > 10 * MiB and memory.peak_rss_bytes() > 0.9 * current  # the peak lags a little
+    assert memory.available_memory_bytes() > 0
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text("2000000000\n")
+    usage.write_text("1500000000\n")
+    monkeypatch.setattr(memory, "_CGROUP_FILES", ((str(limit), str(usage)),))
+    assert memory.available_memory_bytes() == 500_000_000  # the container's limit, not the host's
+    limit.write_text("max\n")
+    assert memory.available_memory_bytes() > 500_000_000
+
+
+@pytest.mark.slow
+def test_notebook_peak_rss_sees_what_the_kernel_allocated(tmp_path):
+    pytest.importorskip("nbclient")
+    import nbformat
+
+    def notebook(name, code):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        path = tmp_path / name
+        nbformat.write(nb, path)
+        return path
+
+    small = memory.notebook_peak_rss(notebook("small.ipynb", "x = 1"), timeout=120)
+    big = memory.notebook_peak_rss(
+        notebook(
+            "big.ipynb", "block = bytearray(400 * 2**20)\nblock[::4096] = b'x' * len(block[::4096])"
+        ),
+        timeout=120,
+    )
+    assert small["ok"] and big["ok"], (small, big)
+    assert big["peak_rss_bytes"] - small["peak_rss_bytes"] > 350 * MiB
+    failing = memory.notebook_peak_rss(notebook("fails.ipynb", "1 / 0"), timeout=120)
+    assert not failing["ok"] and "ZeroDivisionError" in failing["error"]
+    assert json.dumps(failing)  # plain values, for a report
