@@ -142,8 +142,14 @@ def run_info(args) -> int:
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise ValueError(f"cannot measure device {args.device!r}: {first_line}") from None
     ridge = {dtype: cost.ridge_point(result.as_hardware(), dtype) for dtype in result.flops}
+    kernels = result.device_type == "cpu"  # memwall's CPU kernels and the path chosen per format
     if args.json:
-        print(json.dumps({**dataclasses.asdict(result), "ridge_point": ridge}, indent=2))
+        record = {**dataclasses.asdict(result), "ridge_point": ridge}
+        if kernels:
+            from memwall.engine.cpu import chosen_paths
+
+            record["kernels"] = chosen_paths()
+        print(json.dumps(record, indent=2))
         return 0
     rows = [
         ("device", f"{result.device} ({result.device_type})"),
@@ -161,6 +167,10 @@ def run_info(args) -> int:
         (f"matmul {dtype}", f"{si(rate, 'FLOP/s')}  (ridge point {ridge[dtype]:.3g} FLOPs/byte)")
         for dtype, rate in result.flops.items()
     ]
+    if kernels:
+        from memwall.engine.cpu import info_rows
+
+        rows += info_rows()
     print_table("memwall info: the roofline of this machine (best of several runs)", rows)
     return 0
 

@@ -333,6 +333,9 @@ def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
         assert report["paths"]["int8"] == {"128x64 float32 <= 4 rows": chosen}
         assert report["machine"]["threads"] == torch.get_num_threads()
         assert paths.cache_file().exists() and str(tmp_path) in report["cache_file"]
+        from memwall.engine.cpu import info_rows
+
+        assert ("paths int8", f"<=4 rows: {chosen}") in info_rows()
         paths._decisions.cache_clear()  # a new process reads the file instead of measuring
         paths._memo.clear()
         monkeypatch.setattr(paths, "_measure", lambda *args: pytest.fail("measured again"))
