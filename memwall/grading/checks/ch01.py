@@ -1,11 +1,14 @@
-"""Checks for chapter 1, "Two phases behind one API call": TTFT, TPOT and end-to-end latency.
+"""Checks for chapter 1, "Two phases behind one API call": TTFT, TPOT, and which phase dominates.
 
 Definitions as in the chapter: TTFT is when the first output token arrives (seconds after the
 request); TPOT is the average gap between output tokens after the first; a reply of n tokens
 takes TTFT + (n - 1) x TPOT. Hidden cases are drawn at random around realistic timings.
 """
 
+import math
+
 from memwall.grading import compare_function, register
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 
@@ -13,9 +16,11 @@ CASES_PER_CHECK = 12
 # ---- references ------------------------------------------------------------------------------
 
 
-def reference_end_to_end_latency(ttft_s, tpot_s, n_tokens):
-    # The first token arrives at TTFT; each of the other n - 1 tokens adds one decode step.
-    return ttft_s + (n_tokens - 1) * tpot_s
+def reference_prefill_dominates_at(ttft_fixed_s, ttft_s_per_token, tpot_s, answer_tokens):
+    # The smallest prompt whose TTFT (a line through the chapter's sweep) is at least the time
+    # the other answer_tokens - 1 tokens take to decode; a prompt has at least one token.
+    decode_s = (answer_tokens - 1) * tpot_s
+    return max(1, math.ceil((decode_s - ttft_fixed_s) / ttft_s_per_token))
 
 
 def reference_time_per_output_token(token_times_s):
@@ -75,24 +80,42 @@ def measured_ttfts(rng):
 # ---- checks ----------------------------------------------------------------------------------
 
 
-@register(
-    "ch01.latency",
-    wrong_answers=[
-        lambda ttft_s, tpot_s, n_tokens: ttft_s + n_tokens * tpot_s,
-        lambda ttft_s, tpot_s, n_tokens: n_tokens * tpot_s,
-    ],
-)
-def check_end_to_end_latency(student, rng):
-    cases = [
-        dict(
-            ttft_s=rng.uniform(0.01, 5.0),
-            tpot_s=rng.uniform(0.002, 0.3),
-            n_tokens=rng.randint(1, 2000),
+def prefill_cases(rng):
+    cases = []
+    for _ in range(CASES_PER_CHECK):
+        tpot_s = rng.uniform(0.005, 0.1)
+        cases.append(
+            dict(
+                ttft_fixed_s=rng.uniform(0.005, 0.1),
+                ttft_s_per_token=tpot_s
+                / rng.uniform(5, 200),  # prefill is 5-200x cheaper per token
+                tpot_s=tpot_s,
+                answer_tokens=rng.randint(2, 2000),
+            )
         )
-        for _ in range(CASES_PER_CHECK)
-    ]
-    cases[0]["n_tokens"] = 1  # a one-token reply is just the TTFT
-    return compare_function(student, reference_end_to_end_latency, cases)
+    cases[0]["answer_tokens"] = 1  # nothing left to decode: any prompt dominates
+    return cases
+
+
+def _counts_every_answer_token(ttft_fixed_s, ttft_s_per_token, tpot_s, answer_tokens):
+    return max(1, math.ceil((answer_tokens * tpot_s - ttft_fixed_s) / ttft_s_per_token))
+
+
+def _forgets_the_fixed_cost(ttft_fixed_s, ttft_s_per_token, tpot_s, answer_tokens):
+    return max(1, math.ceil((answer_tokens - 1) * tpot_s / ttft_s_per_token))
+
+
+def _rounds_down(ttft_fixed_s, ttft_s_per_token, tpot_s, answer_tokens):
+    return max(1, int(((answer_tokens - 1) * tpot_s - ttft_fixed_s) / ttft_s_per_token))
+
+
+@register_cases(
+    "ch01.prefill_dominates_at",
+    reference=reference_prefill_dominates_at,
+    wrong_answers=[_counts_every_answer_token, _forgets_the_fixed_cost, _rounds_down],
+)
+def check_prefill_dominates_at(rng):
+    return prefill_cases(rng)
 
 
 @register(

@@ -2,16 +2,20 @@
 
 A matmul [m x k] @ [k x n] does 2mkn FLOPs and, at best, moves (mk + kn + mn) elements of
 `bytes_per_element` bytes. A chip with peak P FLOP/s and bandwidth B bytes/s attains at most
-min(P, intensity x B); its ridge point is P / B. Hidden cases span CPUs to H100-class GPUs.
+min(P, intensity x B); its ridge point is P / B. A measured run far slower than that floor is
+overhead-bound (Horace He's third regime). Hidden cases span CPUs to H100-class GPUs.
 """
 
 import math
 
 from memwall.grading import compare_function, register
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 BYTES_PER_ELEMENT = [4, 2, 1]  # fp32, bf16/fp16, int8/fp8
 MAX_SEARCHED_ROWS = 100_000
+# A run slower than this many times its roofline floor is overhead-bound (under 20% of the roof).
+OVERHEAD_FACTOR = 5
 
 
 # ---- references ------------------------------------------------------------------------------
@@ -25,12 +29,13 @@ def reference_matmul_intensity(m, k, n, bytes_per_element):
     return flops / bytes_moved
 
 
-def reference_attainable_flops(intensity, peak_flops, bandwidth):
-    return min(peak_flops, intensity * bandwidth)
-
-
-def reference_ridge_point(peak_flops, bandwidth):
-    return peak_flops / bandwidth
+def reference_regime(flops, bytes_moved, seconds, peak_flops, bandwidth):
+    # The roofline's floor is the slower of the two roofs; a run far above it is explained by
+    # neither (launches, Python, dispatch): overhead-bound.
+    compute_s, memory_s = flops / peak_flops, bytes_moved / bandwidth
+    if seconds > OVERHEAD_FACTOR * max(compute_s, memory_s):
+        return "overhead"
+    return "compute" if compute_s >= memory_s else "memory"
 
 
 def reference_rows_to_reach_ridge(k, n, bytes_per_element, peak_flops, bandwidth):
@@ -88,37 +93,47 @@ def check_matmul_intensity(student, rng):
     return compare_function(student, reference_matmul_intensity, cases)
 
 
-@register(
-    "ch02.attainable",
-    wrong_answers=[
-        lambda intensity, peak_flops, bandwidth: intensity * bandwidth,
-        lambda intensity, peak_flops, bandwidth: max(peak_flops, intensity * bandwidth),
-    ],
-)
-def check_attainable_flops(student, rng):
+def regime_cases(rng):
     cases = []
-    for index in range(CASES_PER_CHECK):
-        peak, bandwidth = random_chip(rng)
-        ridge = peak / bandwidth
-        # Half the cases below the ridge (memory-bound), half above (compute-bound).
-        intensity = ridge * (rng.uniform(0.01, 0.9) if index % 2 else rng.uniform(1.1, 100))
-        cases.append(dict(intensity=intensity, peak_flops=peak, bandwidth=bandwidth))
-    return compare_function(student, reference_attainable_flops, cases)
+    for number in range(CASES_PER_CHECK):
+        peak_flops, bandwidth = random_chip(rng)
+        bytes_moved = rng.uniform(1e4, 1e10)
+        # Intensity clearly on one side of the ridge, and a time clearly near or far from the floor.
+        side = rng.choice([rng.uniform(0.05, 0.7), rng.uniform(1.4, 20)])
+        flops = side * (peak_flops / bandwidth) * bytes_moved
+        floor = max(flops / peak_flops, bytes_moved / bandwidth)
+        slow = rng.uniform(1.0, 3.0) if number % 3 else rng.uniform(8, 1000)
+        cases.append(dict(flops=flops, bytes_moved=bytes_moved, seconds=floor * slow,
+                          peak_flops=peak_flops, bandwidth=bandwidth))  # fmt: skip
+    return cases
 
 
-@register(
-    "ch02.ridge",
-    wrong_answers=[
-        lambda peak_flops, bandwidth: bandwidth / peak_flops,
-        lambda peak_flops, bandwidth: peak_flops * bandwidth,
-    ],
+def _never_overhead(flops, bytes_moved, seconds, peak_flops, bandwidth):  # ignores the time
+    return "compute" if flops / bytes_moved >= peak_flops / bandwidth else "memory"
+
+
+def _any_gap_is_overhead(flops, bytes_moved, seconds, peak_flops, bandwidth):
+    floor = max(flops / peak_flops, bytes_moved / bandwidth)
+    return (
+        "overhead"
+        if seconds > floor
+        else _never_overhead(flops, bytes_moved, seconds, peak_flops, bandwidth)
+    )
+
+
+def _ridge_upside_down(flops, bytes_moved, seconds, peak_flops, bandwidth):
+    if seconds > OVERHEAD_FACTOR * max(flops / peak_flops, bytes_moved / bandwidth):
+        return "overhead"
+    return "memory" if flops / bytes_moved >= peak_flops / bandwidth else "compute"
+
+
+@register_cases(
+    "ch02.regime",
+    reference=reference_regime,
+    wrong_answers=[_never_overhead, _any_gap_is_overhead, _ridge_upside_down],
 )
-def check_ridge_point(student, rng):
-    cases = []
-    for _ in range(CASES_PER_CHECK):
-        peak, bandwidth = random_chip(rng)
-        cases.append(dict(peak_flops=peak, bandwidth=bandwidth))
-    return compare_function(student, reference_ridge_point, cases)
+def check_regime(rng):
+    return regime_cases(rng)
 
 
 def _small_m_approximation(k, n, bytes_per_element, peak_flops, bandwidth):

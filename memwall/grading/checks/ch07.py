@@ -2,8 +2,10 @@
 
 1. ``ch07.bits_per_weight``: storage bits per weight of a group-wise format (code + metadata share).
 2. ``ch07.symmetric_quantize``: per-row symmetric (absmax) quantization to `bits`, returned dequantized.
-3. ``ch07.pack_int4``: two 4-bit codes per byte, even index in the low nibble.
-4. ``ch07.decode_q4_1_block``: one 20-byte GGUF Q4_1 block -> 32 float32 weights, x = d * q + m.
+3. ``ch07.format_speedups`` (measured): each format's speed-up over fp32, timed interleaved on a
+   pretend machine with a fake clock.
+4. ``ch07.format_that_fits``: the most precise weight format whose weights plus the users' KV
+   cache fit a memory budget.
 """
 
 import numpy as np
@@ -11,6 +13,7 @@ import numpy as np
 from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, numpy_rng, register
 from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
+from memwall.grading.registry import register_cases
 
 # A sound interleaved method lands within ~2% of the true speed-ups; drift moves a naive one 10%+.
 SPEEDUP_RTOL = 0.06
@@ -101,97 +104,69 @@ def relative_rms_error(quantize, bits, outlier=0.0, seed=0):
     return float(np.sqrt((error**2).mean()) / np.sqrt((w.astype(np.float64) ** 2).mean()))
 
 
-# ---- 3. packing two int4 codes into a byte --------------------------------------------------------------
+# ---- 4. the format that fits a memory budget -----------------------------------------------------
 
 
-def reference_pack_int4(codes):
-    codes = np.asarray(codes, dtype=np.uint8)
-    return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
-
-
-@register(
-    "ch07.pack_int4",
-    wrong_answers=[
-        lambda codes: (
-            np.asarray(codes, dtype=np.uint8)[1::2] | (np.asarray(codes, dtype=np.uint8)[0::2] << 4)
-        ),
-        lambda codes: np.asarray(codes, dtype=np.uint8)[0::2],
-        lambda codes: (np.asarray(codes)[0::2] + np.asarray(codes)[1::2]).astype(np.uint8),
-    ],
-)
-def check_pack_int4(student, rng):
-    nprng = numpy_rng(rng)
-    cases = [
-        dict(codes=nprng.integers(0, 16, 2 * rng.randint(1, 32)).astype(np.uint8))
-        for _ in range(CASES_PER_CHECK)
+def reference_format_that_fits(n_params, bits_per_weight, kv_bytes_per_token, context, users,
+                               memory_bytes):  # fmt: skip
+    # The most precise weight format whose weights plus every user's KV cache fit; None if none does.
+    kv_bytes = kv_bytes_per_token * context * users
+    fitting = [
+        (bits, name)
+        for name, bits in bits_per_weight.items()
+        if n_params * bits / 8 + kv_bytes <= memory_bytes
     ]
-    cases[0] = dict(codes=np.array([0x3, 0xA], dtype=np.uint8))  # the byte 0xA3
-    return compare_function(student, reference_pack_int4, cases, rtol=0)
+    return max(fitting)[1] if fitting else None
 
 
-def packed_byte(pack, low, high):
-    """The byte `pack` makes of the codes [low, high] (for the widget)."""
-    return int(np.asarray(pack(np.array([low, high], dtype=np.uint8)))[0])
+FORMAT_BITS = {"bf16": 16.0, "int8": 8.5, "q5_1": 6.0, "q4_1": 5.0, "q3_k": 3.4375}
 
 
-# ---- 4. a Q4_1 block decoder ------------------------------------------------------------------------
+def fit_cases(rng):
+    cases = []
+    for number in range(CASES_PER_CHECK):
+        n_params = rng.uniform(0.5e9, 70e9)
+        kv_bytes_per_token = rng.choice([32, 64, 128, 160, 320]) * 1024
+        context, users = rng.randint(512, 131072), rng.randint(1, 64)
+        kv_bytes = kv_bytes_per_token * context * users
+        # A budget that lands between two formats (or below the smallest, every sixth case).
+        target = rng.choice(list(FORMAT_BITS.values())) * rng.uniform(1.02, 1.1)
+        if number % 6 == 5:
+            target = min(FORMAT_BITS.values()) * rng.uniform(0.5, 0.95)
+        cases.append(dict(n_params=n_params, bits_per_weight=dict(FORMAT_BITS),
+                          kv_bytes_per_token=kv_bytes_per_token, context=context, users=users,
+                          memory_bytes=n_params * target / 8 + kv_bytes))  # fmt: skip
+    return cases
 
 
-def reference_decode_q4_1_block(block):
-    block = np.asarray(block, dtype=np.uint8)
-    d = np.float32(block[0:2].view(np.float16)[0])
-    m = np.float32(block[2:4].view(np.float16)[0])
-    codes = np.concatenate([block[4:20] & 0x0F, block[4:20] >> 4]).astype(np.float32)
-    return d * codes + m
+def _weights_only(n_params, bits_per_weight, kv_bytes_per_token, context, users, memory_bytes):
+    return reference_format_that_fits(n_params, bits_per_weight, 0, context, users, memory_bytes)
 
 
-def make_q4_1_block(d, m, codes):
-    """20 bytes: fp16 d, fp16 m, then 32 codes (weight i low nibble, weight i + 16 high nibble)."""
-    codes = np.asarray(codes, dtype=np.uint8)
-    head = np.array([d, m], dtype=np.float16).view(np.uint8)
-    return np.concatenate([head, codes[:16] | (codes[16:] << 4)]).astype(np.uint8)
+def _one_user_only(n_params, bits_per_weight, kv_bytes_per_token, context, users, memory_bytes):
+    return reference_format_that_fits(
+        n_params, bits_per_weight, kv_bytes_per_token, context, 1, memory_bytes
+    )
 
 
-def _interleaved_nibbles(block):
-    block = np.asarray(block, dtype=np.uint8)
-    d, m = (np.float32(block[i : i + 2].view(np.float16)[0]) for i in (0, 2))
-    codes = np.stack([block[4:20] & 0x0F, block[4:20] >> 4], axis=1).reshape(-1).astype(np.float32)
-    return d * codes + m
+def _smallest_that_fits(n_params, bits_per_weight, kv_bytes_per_token, context, users,
+                        memory_bytes):  # fmt: skip
+    kv_bytes = kv_bytes_per_token * context * users
+    fitting = [(bits, name) for name, bits in bits_per_weight.items()
+               if n_params * bits / 8 + kv_bytes <= memory_bytes]  # fmt: skip
+    return min(fitting)[1] if fitting else None
 
 
-@register(
-    "ch07.decode_q4_1_block",
-    wrong_answers=[
-        _interleaved_nibbles,
-        lambda block: (
-            reference_decode_q4_1_block(block)
-            - np.float32(np.asarray(block, np.uint8)[2:4].view(np.float16)[0])
-        ),
-        lambda block: reference_decode_q4_1_block(
-            np.concatenate(
-                [
-                    np.asarray(block, np.uint8)[2:4],
-                    np.asarray(block, np.uint8)[0:2],
-                    np.asarray(block, np.uint8)[4:],
-                ]
-            )
-        ),
-    ],
+@register_cases(
+    "ch07.format_that_fits",
+    reference=reference_format_that_fits,
+    wrong_answers=[_weights_only, _one_user_only, _smallest_that_fits],
 )
-def check_decode_q4_1_block(student, rng):
-    nprng = numpy_rng(rng)
-    cases = [
-        dict(
-            block=make_q4_1_block(
-                nprng.uniform(1e-3, 0.1), nprng.uniform(-1, 0), nprng.integers(0, 16, 32)
-            )
-        )
-        for _ in range(CASES_PER_CHECK)
-    ]
-    return compare_function(student, reference_decode_q4_1_block, cases, rtol=1e-6)
+def check_format_that_fits(rng):
+    return fit_cases(rng)
 
 
-# --- ch07.format_speedups (measured) --------------------------------------------------------
+# ---- 3. format speed-ups, measured on a fake clock ----------------------------------------------
 
 FORMATS = ["fp32", "int8", "int4"]
 
