@@ -311,25 +311,14 @@ def ledger_rows(cost: StepCost) -> tuple[LedgerRow, LedgerRow]:
 
 
 def peak_flops(hw: Hardware | str, dtype: str = "bf16") -> float:
-    """Dense peak FLOP/s of `hw` for `dtype`.
-
-    A chip with no listed rate for a 16-bit float uses its other 16-bit float (T4 has fp16, not
-    bf16), else fp32 (a CPU without native bf16 runs it no faster than fp32). Either way the rate
-    is not an underestimate, so the time bound below stays a lower bound.
-    """
-    hw = get_hardware(hw)
-    if dtype in hw.peak_flops:
-        return hw.peak_flops[dtype]
-    for fallback in {"bf16": ("fp16", "fp32"), "fp16": ("bf16", "fp32")}.get(dtype, ()):
-        if fallback in hw.peak_flops:
-            return hw.peak_flops[fallback]
-    return hw.flops(dtype)  # raises a ValueError naming the dtypes it has
+    """Dense peak FLOP/s of `hw` (an object or a catalog name) for `dtype`; see
+    `Hardware.compute_rate` for chips without a rate for that dtype."""
+    return get_hardware(hw).compute_rate(dtype)
 
 
 def ridge_point(hw: Hardware | str, dtype: str = "bf16") -> float:
-    """FLOPs per byte where the roofline bends: below it a step is memory-bound, above compute-bound."""
-    hw = get_hardware(hw)
-    return peak_flops(hw, dtype) / hw.memory_bandwidth
+    """FLOPs per byte where the roofline bends (`Hardware.ridge_point`, for a name or object)."""
+    return get_hardware(hw).ridge_point(dtype)
 
 
 def memory_time(cost: StepCost, hw: Hardware | str) -> float:

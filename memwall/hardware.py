@@ -63,9 +63,24 @@ class Hardware:
             )
         return self.peak_flops[dtype]
 
-    def ridge_point(self, dtype: str) -> float:
-        """FLOPs per byte at which this chip stops being memory-bound and becomes compute-bound."""
-        return self.flops(dtype) / self.memory_bandwidth
+    def compute_rate(self, dtype: str) -> float:
+        """Dense peak FLOP/s when computing in `dtype`.
+
+        A chip with no listed rate for a 16-bit float uses its other 16-bit float (T4 has fp16, not
+        bf16), else fp32 (a CPU without native bf16 runs it no faster than fp32). Either way the
+        rate is not an underestimate, so time bounds built on it stay lower bounds.
+        """
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        for fallback in {"bf16": ("fp16", "fp32"), "fp16": ("bf16", "fp32")}.get(dtype, ()):
+            if fallback in self.peak_flops:
+                return self.peak_flops[fallback]
+        return self.flops(dtype)  # raises a ValueError naming the dtypes it has
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """FLOPs per byte where the roofline bends: below it a step is memory-bound, above it
+        compute-bound. The one definition; `cost.ridge_point` also accepts a catalog name."""
+        return self.compute_rate(dtype) / self.memory_bandwidth
 
 
 def _nvidia(name, bandwidth, fp32, tensor_16bit, int8, memory, note, fp8=None) -> Hardware:

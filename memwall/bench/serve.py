@@ -59,20 +59,22 @@ def add_cli(bench_subparsers):
         "--requests", type=int, default=None, help="requests per level (default 4 per client, >= 8)"
     )
     parser.add_argument("--duration", type=float, default=120.0, help="seconds per level at most")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to ask for per request")
     parser.add_argument(
         "--ignore-eos", action="store_true", help="ask for exactly --max-tokens tokens each"
     )
     parser.add_argument(
         "--request-rate", type=float, default=None, help="Poisson arrivals per second (open loop)"
     )
-    parser.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument(
+        "--endpoint", choices=ENDPOINTS, default="completions", help="OpenAI API to call"
+    )
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt every request sends")
     parser.add_argument(
         "--served-model", default=None, help="the 'model' to send (default: the first listed)"
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request at most")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run_cli)
 
 

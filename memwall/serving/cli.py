@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
 
@@ -13,9 +14,9 @@ def register_cli(subparsers):
         "serve",
         help="serve memwall's engine over an OpenAI-compatible HTTP API, with continuous batching",
     )
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="smollm2-135m", help="model name or hub id")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--dtype", help="fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA)")
     parser.add_argument(
@@ -37,7 +38,20 @@ def register_cli(subparsers):
     parser.set_defaults(run=run_serve)
 
 
+def ensure_port_free(host: str, port: int) -> None:
+    """A ValueError naming the port when something already listens there, before the slow load."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself does
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(
+                f"cannot serve on {host}:{port}: {error.strerror}; choose another --port."
+            ) from None
+
+
 def run_serve(args):
+    ensure_port_free(args.host, args.port)
     from memwall.bench import harness, workload
     from memwall.engine import Transformer
     from memwall.serving.server import start_server
