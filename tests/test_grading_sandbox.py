@@ -22,7 +22,7 @@ import memwall
 from memwall.grading import check, grade, make_student_copy
 from memwall.grading.registry import get_check
 from memwall.grading.report import FEEDBACK_MAX_CHARACTERS
-from memwall.grading.sandbox import bwrap_path
+from memwall.grading.sandbox import Limits, bwrap_path
 
 pytestmark = [
     pytest.mark.slow,
@@ -158,6 +158,18 @@ LEAKER = (
     "    raise ValueError('\\n'.join(seen) + 'x' * 10_000_000)\n"
 )
 
+FORKER = (
+    "import subprocess\n"
+    "def matrix_bytes(rows, cols, bytes_per_element):\n"
+    "    spawned = []\n"
+    "    try:\n"
+    "        for _ in range(1000):\n"
+    "            spawned.append(subprocess.Popen(['sleep', '60']))\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    raise ValueError(f'spawned {len(spawned)} processes')\n"
+)
+
 ATTACKERS = {
     "delegator": dict(
         ex1="from memwall.grading.checks.demo import reference_matrix_bytes\n"
@@ -191,6 +203,7 @@ ATTACKERS = {
     "pinner": dict(ex1=hard_coded_for_seed()),
     "forger": dict(ex1=attack(FORGER)),
     "leaker": dict(ex1=LEAKER),
+    "forker": dict(ex1=FORKER),
 }
 
 
@@ -218,7 +231,6 @@ def batch(tmp_path_factory):
     before = {
         "victim": (root / "submissions" / f"victim__{CHAPTER}.ipynb").read_bytes(),
         "solutions": tree_digest(root / "solutions"),
-        "checks": tree_digest(PACKAGE / "grading" / "checks"),
     }
     # An exported seed and a secret in the instructor's environment: neither may reach a kernel.
     saved = {name: os.environ.get(name) for name in ("MEMWALL_CHECK_SEED", "MEMWALL_TEST_SECRET")}
@@ -263,7 +275,8 @@ def test_attacks_leave_submissions_solutions_package_and_csv_alone(batch):
     root, before = batch["root"], batch["before"]
     assert (root / "submissions" / f"victim__{CHAPTER}.ipynb").read_bytes() == before["victim"]
     assert tree_digest(root / "solutions") == before["solutions"]
-    assert tree_digest(PACKAGE / "grading" / "checks") == before["checks"]
+    # Other work may edit the package meanwhile, so look for the attackers' token, not a hash.
+    assert not [p for p in PACKAGE.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
     for path in targets(root):
         assert not path.exists() or TOKEN.encode() not in path.read_bytes(), path
     assert (root / "grades.csv").is_file()
@@ -293,3 +306,9 @@ def test_feedback_leaks_nothing_and_is_capped(batch):
     ):
         assert secret not in feedback
     assert "raised ValueError" in feedback  # the student still sees what their code said
+
+
+def test_the_number_of_processes_is_limited(batch):
+    message = batch["rows"]["forker"].checks[0].message
+    spawned = int(message.split("spawned ")[1].split()[0])
+    assert 0 < spawned < Limits().processes, message

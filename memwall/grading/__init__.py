@@ -28,46 +28,65 @@ rules.
 Writing a check
 ===============
 The check named ``"ch01.ttft"`` lives in ``memwall/grading/checks/ch01.py`` and is found
-automatically from the prefix. It receives the student's answer, a ``random.Random`` seeded from
-the check name plus a fresh random component, and any keyword arguments the check cell passes::
+automatically from the prefix. A check is three parts: a **case generator**, a **reference** and
+a **comparison**::
 
-    from memwall.grading import compare_function, register
+    from memwall.grading.registry import register_cases
 
     def reference_ttft(prompt_tokens, tokens_per_second):
         return prompt_tokens / tokens_per_second * 1000
 
-    @register("ch01.ttft", wrong_answers=[lambda prompt_tokens, tokens_per_second: prompt_tokens / tokens_per_second])
-    def check_ttft(student, rng):
-        cases = [dict(prompt_tokens=rng.randint(1, 8192), tokens_per_second=rng.uniform(100, 5000))
-                 for _ in range(12)]
-        return compare_function(student, reference_ttft, cases, rtol=1e-6)
+    @register_cases("ch01.ttft", reference=reference_ttft, rtol=1e-6,
+                    wrong_answers=[lambda prompt_tokens, tokens_per_second: prompt_tokens / tokens_per_second])
+    def cases_ttft(rng):
+        return [dict(prompt_tokens=rng.randint(1, 8192), tokens_per_second=rng.uniform(100, 5000))
+                for _ in range(12)]
 
-``compare_function(student, reference, cases, rtol=1e-6, atol=0.0)`` and
-``compare_value(answer, expected, rtol=1e-6, atol=0.0, what="your answer")`` return the number of
-cases that passed and raise ``AssertionError`` naming the first failing input, the expected and
-the actual result. A case is a dict of keyword arguments, a tuple of positional ones, or one
-value; results may be numbers (two ints must be equal exactly), lists, dicts, numpy arrays or
-torch tensors. ``check`` turns that into one line, ``✓ ch01.ttft: 12/12 cases passed``, or an
-``AssertionError`` prefixed with the check name; a ``NotImplementedError`` from the student's
-function becomes "not implemented yet". ``wrong_answers`` are answers the check must reject:
-tests/test_exercises_sync.py proves it does. Import heavy modules inside the check function.
-``checks/demo.py`` is a complete example.
+``get_check(name)`` returns a ``CheckSpec`` with ``cases(rng)``, ``reference``, ``compare``
+(``compare(expected, got)`` -> None or what differs; default ``compare.difference`` with
+``rtol``/``atol``) and ``function(answer, rng)``, which runs them all. The older form,
+``@register(name)`` on ``function(student, rng)`` that draws its cases and calls
+``compare_function(student, reference, cases, rtol=1e-6, atol=0.0)``, still works.
+
+A case is a dict of keyword arguments, a tuple of positional ones, or one value, made of plain
+data (``memwall.exercise_driver.values``): numbers, strings, lists, tuples, dicts, numpy arrays,
+torch tensors, and **build specs** for arguments that must be objects::
+
+    from memwall.exercise_driver.values import build_spec
+    dict(workload=build_spec("fake_clock_workload", step_times_s=[0.4, 0.01, 0.011]))
+
+Whichever side calls a function builds the spec with the builder of that name
+(``memwall.exercise_driver.builders``; register one with ``@builder("name")`` in a module listed
+in ``BUILDER_MODULES``; it holds no answers, students can read it). So the reference and the
+student's function see the same fake clock or workload, in the notebook and under the grader.
+``checks/demo.py`` has both forms and a measured example (``demo.mean_step_s``).
+
+Results may be numbers (two ints must be equal exactly), lists, tuples, dicts, numpy arrays or
+torch tensors. ``check`` turns the verdict into one line, ``✓ ch01.ttft: 12/12 cases passed``,
+or an ``AssertionError`` prefixed with the check name; a ``NotImplementedError`` from the
+student's function becomes "not implemented yet". ``wrong_answers`` are answers the check must
+reject: tests/test_exercises_sync.py proves it does. Import heavy modules inside the functions.
 
 Grading
 =======
 ``grade(submissions_dir, out_csv, feedback_dir=None, timeout=900, cell_timeout=300, jobs=1,
-solutions_dir="solutions")`` (the `memwall grade` command) rebuilds each submission on its
-solution's skeleton (``restore.py``), runs it with ``pytest --nbval-lax`` in a fresh kernel with
-cell and wall-clock limits (``execute.py``, ``nbval_plugin.py``, results signed by
-``signing.py``), scores each check cell that passed and printed its ``✓`` line (``grader.py``)
-and writes one CSV row per notebook plus a feedback file (``report.py``). ``exercises`` and
-``grade`` are plugged into the `memwall` command by ``cli.register_cli``. See
-book/instructors.md.
+solutions_dir="solutions", sandbox="auto", call_timeout=None)`` (the `memwall grade` command)
+rebuilds each submission on its solution's skeleton (``restore.py``), turns each check cell into
+``serve(name, answer)`` (``serving.py``, ``memwall.exercise_driver.driver``) and runs the
+notebook under ``pytest --nbval-lax`` in a bubblewrap sandbox (``execute.py``, ``sandbox.py``)
+that has neither ``memwall.grading`` nor ``solutions/``. Points are decided outside the
+student's process: for each served check the grader draws the hidden cases itself, calls the
+student's function through a Unix socket (plain data in, a plain value out, a per-call time
+limit) and compares with the reference in its own process (``channel.py``, ``checking.py``).
+The per-cell records from inside the run only explain a zero (``scoring.py``). It reads what
+the run leaves defensively (``safe_files.py``) and writes one CSV row per notebook plus a
+feedback file (``report.py``), atomically, as rows finish. ``exercises`` and ``grade`` are
+plugged into the `memwall` command by ``cli.register_cli``. See book/instructors.md.
 """
 
 from memwall.grading.checking import check, numpy_rng
 from memwall.grading.compare import compare_function, compare_value
-from memwall.grading.registry import get_check, register
+from memwall.grading.registry import get_check, register, register_cases
 
 __all__ = [
     "check",
@@ -78,6 +97,7 @@ __all__ = [
     "make_student_copy",
     "numpy_rng",
     "register",
+    "register_cases",
     "register_cli",
     "sync_exercises",
     "validate_solution",

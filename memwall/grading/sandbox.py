@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,11 +144,14 @@ class Sandbox:
         return command
 
     def close(self):
-        if self.cgroup is not None:
+        # The last processes of a PID namespace can take a moment to be reaped after it ends.
+        for _ in range(50):
+            if self.cgroup is None or not self.cgroup.exists():
+                return
             try:
                 self.cgroup.rmdir()
             except OSError:
-                pass
+                time.sleep(0.05)
 
 
 def _python_paths() -> list:
