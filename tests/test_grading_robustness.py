@@ -20,6 +20,7 @@ from memwall.grading.grader import GradeRow, check_ready
 from memwall.grading.registry import get_check
 from memwall.grading.report import ReportWriter, safe_cell, write_csv
 from memwall.grading.safe_files import UnsafeFile, read_regular, write_atomically
+from memwall.grading.sandbox import bwrap_path
 from memwall.grading.serving import UNCONVERTIBLE, serve_source
 from memwall.grading.submissions import REFUSED_LINK, find_submissions
 from memwall.grading.tampering import tampering_flags
@@ -306,3 +307,14 @@ def test_the_tampering_scan_is_linear_on_pathological_code():
     assert tampering_flags(nasty) == []
     assert tampering_flags(["get_ipython().set_custom_exc((E,), f)"]) == ["uses IPython hooks"]
     assert tampering_flags(["return reference_decode_ceiling(x)"]) == ["calls a reference"]
+
+
+@pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) cannot run here")
+def test_a_sandbox_that_cannot_run_notebooks_stops_grading_before_it_starts(tmp_path, monkeypatch):
+    from memwall.grading import sandbox
+
+    (tmp_path / "subs").mkdir()
+    monkeypatch.setattr(sandbox, "PREFLIGHT", "import memwall.grading")  # hidden in the sandbox
+    with pytest.raises(ValueError, match="sandboxed Python cannot run the notebooks"):
+        grade(tmp_path / "subs", tmp_path / "g.csv", solutions_dir=SOLUTIONS, progress=False)
+    assert not (tmp_path / "g.csv").exists()

@@ -24,7 +24,7 @@ from memwall.grading.channel import GraderChannel
 from memwall.grading.execute import Setup, kill_running_notebooks, run_notebook
 from memwall.grading.registry import get_check
 from memwall.grading.restore import restore_submission
-from memwall.grading.sandbox import Limits, Sandbox, bwrap_path
+from memwall.grading.sandbox import Limits, Sandbox, bwrap_path, preflight
 from memwall.grading.scoring import explain_failure, last_line, run_notes, score_checks
 from memwall.grading.serving import serve_checks
 from memwall.grading.submissions import Submission, find_submissions, read_submission
@@ -108,6 +108,12 @@ def grade(
 
     check_ready(timeout, cell_timeout, jobs, call_timeout)
     use_sandbox = resolve_sandbox(sandbox)
+    if use_sandbox:
+        with tempfile.TemporaryDirectory(prefix="memwall-preflight-") as work_dir:
+            problem = preflight(Path(work_dir), limits, read_only_paths)
+        if problem:
+            raise ValueError(f"a sandboxed Python cannot run the notebooks ({problem}); "
+                             "fix that, or grade with --no-sandbox")  # fmt: skip
     started = time.monotonic()
     writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
     submissions, skipped = find_submissions(submissions_dir)

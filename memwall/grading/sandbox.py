@@ -82,6 +82,8 @@ def environment(threads, home, tmp, channel_path, call_limit=None) -> dict:
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "JUPYTER_PLATFORM_DIRS": "1",
         "MEMWALL_GRADER_CHANNEL": str(channel_path),
+        # memwall found even when it runs from a checkout (only the package folder is bound).
+        "PYTHONPATH": str(package_dir().parent),
     }
     if call_limit:
         env["MEMWALL_CALL_TIME_LIMIT"] = f"{call_limit:g}"
@@ -152,6 +154,29 @@ class Sandbox:
                 self.cgroup.rmdir()
             except OSError:
                 time.sleep(0.05)
+
+
+PREFLIGHT = (
+    "import memwall.exercise_driver.driver, memwall.exercise_driver.recorder, nbval, ipykernel"
+)
+
+
+def preflight(work_dir: Path, limits: Limits = Limits(), read_only_paths=()):
+    """None when a sandboxed Python can import what a graded notebook needs, else the error."""
+    sandbox = Sandbox(work_dir, limits, read_only_paths)
+    scratch, channel = Path(work_dir) / "preflight", Path(work_dir) / "preflight-channel"
+    for folder in (scratch / "tmp", scratch / "home", channel):
+        folder.mkdir(parents=True)
+    command = sandbox.command([sys.executable, "-c", PREFLIGHT], scratch, channel)
+    env = environment(1, f"{INSIDE_SCRATCH}/home", "/tmp", f"{INSIDE_CHANNEL}/none")
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as error:
+        return str(error)
+    finally:
+        sandbox.close()
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return None if done.returncode == 0 else (lines[-1] if lines else f"exit {done.returncode}")
 
 
 def _python_paths() -> list:
