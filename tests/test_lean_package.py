@@ -5,6 +5,7 @@ version floors there are the ones memwall checks at import.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -134,10 +135,16 @@ def test_a_command_without_its_extra_is_one_line_and_exit_2(argv):
 def test_pip_install_without_extras_in_a_fresh_venv(tmp_path):
     """`pip install .` with no extras, offline: a wheel built here, installed with --no-index."""
     pytest.importorskip("setuptools")
-    wheels = tmp_path / "wheels"
+    source, wheels = tmp_path / "source", tmp_path / "wheels"
+    source.mkdir()  # a copy, so that setuptools' build/ folder is not left in the repository
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "memwall", source / "memwall", ignore=shutil.ignore_patterns("__pycache__")
+    )
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(wheels), str(ROOT)],
+        + ["-w", str(wheels), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
