@@ -369,7 +369,12 @@ def tokens_per_s_ceiling(cost: StepCost, hw: Hardware | str, dtype: str | None =
 
 
 def bandwidth_bound_tokens_per_s(bytes_per_step: float, hw: Hardware | str) -> float:
-    """The decode rule of thumb: tokens/s <= bandwidth / bytes read per token."""
+    """The decode rule of thumb: tokens/s <= bandwidth / bytes read per token.
+
+    The memory roof alone. A ceiling is min(memory roof, compute roof): use
+    `tokens_per_s_ceiling` (or `memwall.ceilings.ceiling` for measured bytes and FLOPs) wherever
+    a step may be compute-bound (batches, prefill, speculative verification).
+    """
     if not bytes_per_step > 0:
         raise ValueError(f"bytes_per_step must be positive, got {bytes_per_step!r}.")
     return get_hardware(hw).memory_bandwidth / bytes_per_step
