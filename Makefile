@@ -18,7 +18,7 @@ JOBS   ?= 2
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install browser sandbox lint book test test-fast notebooks exercises grade bench lock clean
+.PHONY: install browser sandbox lint book test test-fast notebooks exercises grade bench lock rename-repo clean
 
 install: $(STAMP)
 
@@ -103,6 +103,12 @@ bench: $(STAMP)
 # Pin Binder to what this environment tested: run after `make test` passes, commit the result.
 lock: $(STAMP)
 	$(BIN)/python tools/lock.py --out binder/constraints.txt
+
+# Point the launch buttons, badges and install cells at your copy: make rename-repo URL=https://github.com/you/memwall
+rename-repo: $(STAMP)
+	@test -n "$(URL)" || { echo "usage: make rename-repo URL=https://github.com/OWNER/NAME"; exit 2; }
+	$(BIN)/python tools/rename_repo.py "$(URL)"
+	$(BIN)/memwall notebooks
 
 clean:
 	rm -rf _build .pytest_cache

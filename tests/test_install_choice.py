@@ -79,3 +79,23 @@ def test_binder_installs_the_locked_cpu_torch_and_builds_ahead():
     post_build = (ROOT / "binder" / "postBuild").read_text()
     assert "models.load('smollm2-135m')" in post_build and "cpu_kernels" in post_build
     assert "-e .[engine,widgets]" in (ROOT / "requirements.txt").read_text().splitlines()
+
+
+def test_rename_repo_rewrites_every_place_that_names_the_repository(tmp_path):
+    rename_repo = load_tool("rename_repo")
+    for name in rename_repo.FILES:
+        if (ROOT / name).exists():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text((ROOT / name).read_text())
+    old = rename_repo.current_url(tmp_path)
+    changed = rename_repo.rename("https://github.com/someone/my-memwall.git", tmp_path)
+    assert "_config.yml" in changed and "README.md" in changed
+    assert rename_repo.current_url(tmp_path) == "https://github.com/someone/my-memwall"
+    slug = old.split("github.com/")[1]
+    for name in changed:
+        assert slug not in (tmp_path / name).read_text(), name
+    readme = (tmp_path / "README.md").read_text()
+    assert "mybinder.org/v2/gh/someone/my-memwall/main" in readme
+    assert "colab.research.google.com/github/someone/my-memwall/blob" in readme
+    with pytest.raises(ValueError, match="OWNER/NAME"):
+        rename_repo.rename("git@github.com:someone/x", tmp_path)
