@@ -1,4 +1,5 @@
-"""What the grader writes: grades.csv, one feedback file per notebook, a terminal summary.
+"""What the grader writes: grades.csv, one feedback file per notebook, a terminal summary, and
+a one-page Markdown summary for the instructor beside the CSV (``summary.py``).
 
 Everything is written atomically (safe_files.write_atomically) and again each time a row
 finishes, so the CSV always holds every finished row. A cell that a spreadsheet would run as a
@@ -11,6 +12,7 @@ import io
 from pathlib import Path
 
 from memwall.grading.safe_files import write_atomically
+from memwall.grading.summary import summary_path, write_summary
 
 FIXED_COLUMNS = ("student", "notebook")
 TOTAL_COLUMNS = ("total", "max", "status")
@@ -48,6 +50,7 @@ class ReportWriter:
 
     def finish(self):
         write_csv(self.rows, self.out_csv)
+        write_summary(self.rows, self.out_csv)  # the instructor's one-page overview
 
 
 def write_csv(rows, out_csv):
@@ -109,6 +112,7 @@ def print_summary(rows, skipped, out_csv, feedback_dir, seconds):
     )
     if feedback_dir is not None:
         print(f"feedback files in {feedback_dir}/")
+    print(f"summary for the instructor: {summary_path(out_csv)}")
     for row in problems:
         print(f"  {row.student}, {row.notebook}: {row.status}")
     if skipped:
