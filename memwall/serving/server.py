@@ -177,7 +177,7 @@ def make_handler(service: Service):
             first, self.completion_tokens = True, 0
             try:
                 for piece, reason in self._pieces(params, ticket, stop_tokens):
-                    if piece or first:
+                    if piece or reason is None:  # one chunk per token, for clients that time them
                         self._event(api.chunk(chat, request_id, model, piece, first=first))
                         first = False
                     if reason is not None:
