@@ -13,22 +13,12 @@ import venv
 from pathlib import Path
 
 import pytest
+import test_cli  # tests/ is on sys.path under pytest
 
 from memwall import _versions, cli
 
 ROOT = Path(__file__).resolve().parents[1]
-CALC = [
-    "calc",
-    "--model",
-    "llama-3-8b",
-    "--hardware",
-    "h100-sxm",
-    "--context",
-    "8192",
-    "--batch",
-    "16",
-]
-CALC += ["--json"]
+CALC = [*test_cli.CALC, "--json"]  # llama-3-8b on an H100, 16 x 8192 tokens
 HEAVY = ("torch", "numpy", "transformers", "matplotlib", "ipywidgets", "nbformat", "jupytext")
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the checks below only read the file
