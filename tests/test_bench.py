@@ -353,3 +353,14 @@ def test_timed_against_roofline_pairs_each_call_with_its_probe():
     assert "roofline_warning" in result
     with pytest.raises(ValueError, match="bytes_per_call"):
         harness_probe.timed_against_roofline(lambda: None, 0, probe=probe)
+
+
+def test_cli_prints_the_spread_warning_once_on_stderr(monkeypatch, capsys):
+    from memwall.bench import decode
+
+    fake = {"engine": "memwall", "tok_per_s": 50.0, "roofline_warning": "probes disagreed by 1.7x"}
+    monkeypatch.setattr(decode, "bench_decode", lambda *args, **kwargs: dict(fake))
+    assert main(["bench", "decode"]) == 0
+    captured = capsys.readouterr()
+    assert "disagreed" not in captured.out
+    assert captured.err.count("probes disagreed by 1.7x") == 1

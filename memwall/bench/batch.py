@@ -294,7 +294,8 @@ def _print(result: dict, as_json: bool) -> None:
     if as_json:
         harness.print_result(result, as_json=True)
         return
-    harness.print_result({k: v for k, v in result.items() if k != "rows"}, as_json=False)
+    shown = {k: v for k, v in result.items() if k not in ("rows", "roofline_warning")}
+    harness.print_result(shown, as_json=False)  # the warning is printed last, on stderr
     print(
         f"{'B':>4} {'tok/s':>9} {'ms/token':>9} {'MB/step':>9} {'GB/s':>7} {'predicted tok/s':>16} "
         f"{'bound':>8} {'of pred.':>9} {'x B=' + str(result['rows'][0]['batch']):>7}"
