@@ -27,6 +27,8 @@ Kinds (methods besides ``clock()``):
 import math
 import random
 
+from memwall.validate import count
+
 
 class FakeMachine:
     """The fake clock and the rules that stretch each piece of work's true time.
@@ -111,7 +113,7 @@ class CacheSweepBench(Bench):
         self._in_cache = None  # the size of the buffer the cache holds
 
     def read(self, n_bytes):
-        n_bytes = _positive_int(n_bytes, "n_bytes")
+        n_bytes = count("n_bytes", n_bytes)
         cached = n_bytes == self._in_cache
         gb_s = self._cache_gb_s if cached else self._memory_gb_s
         self._machine.spend(n_bytes / (gb_s * 1e9), "read")
@@ -124,7 +126,7 @@ class KVStepsBench(Bench):
         self._weights_s, self._s_per_token = float(weights_s), float(s_per_token)
 
     def step(self, context):
-        context = _positive_int(context, "context")
+        context = count("context", context)
         self._machine.spend(self._weights_s + context * self._s_per_token, "step")
 
 
@@ -136,7 +138,7 @@ class BatchStepsBench(Bench):
         self._compute_s_per_user = float(compute_s_per_user)
 
     def step(self, batch):
-        batch = _positive_int(batch, "batch")
+        batch = count("batch", batch)
         memory_s = self._weights_s + batch * self._kv_s_per_user
         self._machine.spend(max(memory_s, batch * self._compute_s_per_user), ("step", batch))
 
@@ -187,12 +189,6 @@ def build_case(case: dict) -> dict:
 
 def _is_bench_spec(value) -> bool:
     return isinstance(value, dict) and set(value) == {"bench", "spec"}
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 try:  # the grader's channel builds benches through its builder registry, when it exists

@@ -72,7 +72,7 @@ def test_bad_specs_and_arguments_raise_clear_errors(kind, spec, message):
         with pytest.raises(ValueError, match=message):
             build(kind, spec)
     else:
-        with pytest.raises(ValueError, match="context must be a positive int"):
+        with pytest.raises(ValueError, match="context must be an integer >= 1"):
             build(kind, spec).step(0)
     with pytest.raises(ValueError, match="unknown format"):
         build("formats", {"seconds_by_format": {"fp32": 1.0}}).matvec("int3")
