@@ -116,7 +116,8 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     global _announced
     if not _announced:
         print(
-            f"memwall: timing kernel paths on this machine (once; cached in {cache_file()})",
+            # two lines, so the notice fits a notebook's output column
+            f"memwall: timing kernel paths on this machine, once;\n  cached in {cache_file()}",
             file=sys.stderr,
         )
         _announced = True
