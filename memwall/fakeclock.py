@@ -22,6 +22,8 @@ Kinds (methods besides ``clock()``):
 - ``"kv_steps"``: ``step(context)``: one decode step at that context length.
 - ``"batch_steps"``: ``step(batch)``: one decode step for that many users.
 - ``"formats"``: ``matvec(name)``: one matrix-vector product with the weights in that format.
+- ``"verify"``: ``decode()``: one plain decode step of the target; ``verify(k)``: one verify
+  pass over k guesses plus the next token (k + 1 positions).
 """
 
 import math
@@ -154,12 +156,26 @@ class FormatsBench(Bench):
         self._machine.spend(self._seconds[name], ("matvec", name))
 
 
+class VerifyBench(Bench):
+    def __init__(self, machine, decode_s, extra_s_per_guess):
+        super().__init__(machine)
+        self._decode_s, self._extra_s_per_guess = float(decode_s), float(extra_s_per_guess)
+
+    def decode(self):
+        self._machine.spend(self._decode_s, "decode")
+
+    def verify(self, k):
+        k = count("k", k)
+        self._machine.spend(self._decode_s + k * self._extra_s_per_guess, ("verify", k))
+
+
 KINDS = {
     "ab": ABBench,
     "cache_sweep": CacheSweepBench,
     "kv_steps": KVStepsBench,
     "batch_steps": BatchStepsBench,
     "formats": FormatsBench,
+    "verify": VerifyBench,
 }
 
 

@@ -86,3 +86,9 @@ def test_a_case_is_plain_json_and_builds_on_either_side():
     # the grading channel builds the same bench through its builder registry
     through_driver = driver_build("bench:ab", case["bench"]["spec"])
     assert timed(through_driver, "run_b") == pytest.approx(0.02)
+
+
+def test_a_verify_pass_costs_one_step_plus_its_guesses():
+    bench = build("verify", {"decode_s": 0.01, "extra_s_per_guess": 0.002})
+    assert timed(bench, "decode") == pytest.approx(0.01)
+    assert timed(bench, "verify", 4) == pytest.approx(0.018)

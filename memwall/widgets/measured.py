@@ -93,6 +93,26 @@ class RealBatchSteps(RealBench):
             self._inputs[:batch] @ self._weight
 
 
+class RealVerify(RealBench):
+    """``decode()``: one row through a 2048x2048 fp32 layer; ``verify(k)``: k + 1 rows at once."""
+
+    def __init__(self, size=2048, max_k=16):
+        import torch
+
+        generator = torch.Generator().manual_seed(0)
+        self._weight = torch.randn(size, size, generator=generator)
+        self._inputs = torch.randn(max_k + 1, size, generator=generator)
+
+    def decode(self):
+        self.verify(0)
+
+    def verify(self, k):
+        import torch
+
+        with torch.inference_mode():
+            self._inputs[: k + 1] @ self._weight
+
+
 class RealFormats(RealBench):
     """``matvec(name)``: one token through a 2048x2048 linear layer stored as fp32, int8 or int4."""
 

@@ -78,6 +78,27 @@ def batch_speedups(batches, bench, bandwidth_gb_s, peak_gflops):
     return draw
 
 
+def verify_costs(note=None):
+    """Each verify pass in decode steps against k, and your line 1 + extra cost x k."""
+
+    def draw(axes, calls, result):
+        decodes = sorted(seconds for method, _, _, seconds in calls if method == "decode")
+        step = decodes[len(decodes) // 2] if decodes else float("nan")
+        passes = [(k, seconds / step) for method, k, _, seconds in calls if method == "verify"]
+        if passes:
+            axes.plot(*zip(*passes), ".", color="C0", alpha=0.5, label="each verify pass")
+            ks = sorted({k for k, _ in passes})
+            axes.plot(ks, [1 + float(result) * k for k in ks], color="C3",
+                      label=f"your fit: 1 + {float(result):.3f} k")  # fmt: skip
+            axes.plot(ks, [k + 1 for k in ks], "--", color="gray", label="k + 1 plain steps")
+        axes.set_xlabel("guesses k (the pass covers k + 1 tokens)")
+        axes.set_ylabel("verify pass / decode step")
+        axes.set_title(note(result) if note else "", fontsize=10)
+        axes.legend(loc="upper left")
+
+    return draw
+
+
 def format_speedups(bytes_per_weight):
     """Your speed-up of each format over fp32, beside the bytes it saves."""
 

@@ -7,12 +7,19 @@
 3. ``ch08.speedup``: speed-up over plain decoding from alpha, k, the draft's cost per step and
    the verify pass's extra cost per guessed token, all relative to one target decode step.
 4. ``ch08.best_k``: the k that maximises that speed-up, or 0 when no k beats plain decoding.
+5. ``ch08.verify_cost_per_token`` (measured): the verify pass's extra cost per guess, in decode
+   steps, timed interleaved with plain decode steps on a pretend machine with a fake clock.
 """
 
+from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
+from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
 
 CASES_PER_CHECK = 12
 MAX_K = 16
+# The measured extra cost per guess (in decode steps): a sound interleaved fit lands within a
+# few percent, or within 0.02 of a step when the extra cost is tiny.
+VERIFY_RTOL, VERIFY_ATOL = 0.1, 0.02
 
 
 # ---- 1. expected tokens per target pass ------------------------------------------------------
@@ -181,3 +188,87 @@ def check_best_k(student, rng):
             )
         cases.append({**case, "k_max": rng.choice([8, 16])})
     return compare_function(student, reference_best_k, cases)
+
+
+# ---- 5. the verify pass's cost, measured on a fake clock --------------------------------------
+
+
+def verify_cost_cases(rng, n_cases=8):
+    """A target whose verify pass costs one step plus a little per guess, on a drifting machine."""
+    cases = []
+    for _ in range(n_cases):
+        decode_s = rng.uniform(2e-3, 40e-3)
+        per_guess = rng.choice([rng.uniform(0.01, 0.08), rng.uniform(0.1, 0.6)])
+        ks = sorted(rng.sample(range(1, 13), rng.randint(3, 6)))
+        repeats = rng.randint(12, 20)
+        run_s = repeats * sum(2 + per_guess * k for k in ks) * decode_s
+        bench = bench_spec(
+            "verify",
+            machine=noisy_machine(rng, **drifting(rng, run_s)),
+            decode_s=decode_s,
+            extra_s_per_guess=per_guess * decode_s,
+        )
+        cases.append(dict(bench=bench, ks=ks, repeats=repeats))
+    return cases
+
+
+def reference_verify_cost_per_token(bench, ks, repeats):
+    # The pretend target's true extra cost per guess, in plain decode steps.
+    return bench["spec"]["extra_s_per_guess"] / bench["spec"]["decode_s"]
+
+
+def _timed(bench, work, *args):
+    start = bench.clock()
+    work(*args)
+    return bench.clock() - start
+
+
+def _slope_through_origin(ks, ratios):
+    return sum(k * (r - 1) for k, r in zip(ks, ratios)) / sum(k * k for k in ks)
+
+
+def _decode_first_then_verify(bench, ks, repeats):  # medians, but drift separates the two
+    bench.decode()
+    bench.decode()
+    decode = sorted(_timed(bench, bench.decode) for _ in range(repeats))[repeats // 2]
+    ratios = []
+    for k in ks:
+        bench.verify(k)
+        bench.verify(k)
+        ratios.append(
+            sorted(_timed(bench, bench.verify, k) for _ in range(repeats))[repeats // 2] / decode
+        )
+    return _slope_through_origin(ks, ratios)
+
+
+def _whole_pass_per_token(bench, ks, repeats):  # verify time / (k + 1): not the extra cost
+    bench.decode()
+    bench.decode()
+    ratios = []
+    for k in ks:
+        bench.verify(k)
+        bench.verify(k)
+        pairs = [
+            _timed(bench, bench.verify, k) / _timed(bench, bench.decode) for _ in range(repeats)
+        ]
+        ratios.append(sorted(pairs)[repeats // 2])
+    return sum(r / (k + 1) for k, r in zip(ks, ratios)) / len(ks)
+
+
+def _cold_single_pairs(bench, ks, repeats):  # one pair each, slow first calls included
+    ratios = [_timed(bench, bench.verify, k) / _timed(bench, bench.decode) for k in ks]
+    return _slope_through_origin(ks, ratios)
+
+
+@register(
+    "ch08.verify_cost_per_token",
+    wrong_answers=[_decode_first_then_verify, _whole_pass_per_token, _cold_single_pairs],
+)
+def check_verify_cost_per_token(student, rng):
+    return compare_measured(
+        student,
+        reference_verify_cost_per_token,
+        verify_cost_cases(rng),
+        rtol=VERIFY_RTOL,
+        atol=VERIFY_ATOL,
+    )

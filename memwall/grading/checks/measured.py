@@ -11,7 +11,7 @@ from memwall.fakeclock import build_case
 from memwall.grading.compare import difference, show
 
 
-def compare_measured(student, reference, cases, rtol) -> int:
+def compare_measured(student, reference, cases, rtol, atol=0.0) -> int:
     """Call ``student(**built case)`` on each case; compare with ``reference(**case)``."""
     __tracebackhide__ = True
     if not callable(student):
@@ -27,7 +27,7 @@ def compare_measured(student, reference, cases, rtol) -> int:
             raise AssertionError(
                 f"{describe(student, case)} raised {type(error).__name__}: {error}"
             ) from None
-        problem = difference(expected, got, rtol=rtol)
+        problem = difference(expected, got, rtol=rtol, atol=atol)
         if problem:
             raise AssertionError(
                 f"{describe(student, case)} measured the wrong thing: {problem} "
