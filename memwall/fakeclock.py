@@ -16,6 +16,7 @@ compares with is computed from the spec by the grader.
 Kinds (methods besides ``clock()``):
 
 - ``"ab"``: ``run_a()``, ``run_b()``: two pieces of work to compare.
+- ``"steps"``: ``step()``: the next decode step of a run (the first few are slow).
 - ``"cache_sweep"``: ``read(n_bytes)``: read a buffer of that size once. The cache keeps the
   buffer read last, if it fits: reading the same size again comes from the cache; the first read
   of a size (or a read after another size) comes from memory.
@@ -169,8 +170,18 @@ class VerifyBench(Bench):
         self._machine.spend(self._decode_s + k * self._extra_s_per_guess, ("verify", k))
 
 
+class StepsBench(Bench):
+    def __init__(self, machine, step_s):
+        super().__init__(machine)
+        self._step_s = float(step_s)
+
+    def step(self):
+        self._machine.spend(self._step_s, "step")
+
+
 KINDS = {
     "ab": ABBench,
+    "steps": StepsBench,
     "cache_sweep": CacheSweepBench,
     "kv_steps": KVStepsBench,
     "batch_steps": BatchStepsBench,

@@ -92,3 +92,9 @@ def test_a_verify_pass_costs_one_step_plus_its_guesses():
     bench = build("verify", {"decode_s": 0.01, "extra_s_per_guess": 0.002})
     assert timed(bench, "decode") == pytest.approx(0.01)
     assert timed(bench, "verify", 4) == pytest.approx(0.018)
+
+
+def test_a_run_of_steps_starts_slow():
+    bench = build("steps", {"machine": {"warmup_calls": 3, "warmup_factor": 5.0}, "step_s": 0.01})
+    times = [timed(bench, "step") for _ in range(6)]
+    assert all(t > 0.02 for t in times[:3]) and times[3:] == pytest.approx([0.01] * 3)

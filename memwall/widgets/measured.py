@@ -37,6 +37,23 @@ class RealAB(RealBench):
         self._b @ self._b
 
 
+class RealSteps(RealBench):
+    """``step()``: one token through a freshly built 2048x2048 fp32 layer (cold at first)."""
+
+    def __init__(self, size=2048):
+        import torch
+
+        generator = torch.Generator().manual_seed(0)
+        self._layer = torch.nn.Linear(size, size, bias=False)
+        self._x = torch.randn(1, size, generator=generator)
+
+    def step(self):
+        import torch
+
+        with torch.inference_mode():
+            self._layer(self._x)
+
+
 class RealCacheSweep(RealBench):
     """``read(n_bytes)`` sums a float32 buffer of that size (each size has its own buffer)."""
 

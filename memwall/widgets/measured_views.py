@@ -17,6 +17,17 @@ def ab_timeline(axes, calls, result):
     axes.legend(loc="best")
 
 
+def warmup_cut(axes, calls, result):
+    """Every step's time in order, with the steps your detector would drop shaded."""
+    times = [seconds * 1e3 for method, _, _, seconds in calls if method == "step"]
+    axes.plot(range(len(times)), times, ".-", color="C0", label="each step")
+    axes.axvspan(-0.5, int(result) - 0.5, color="C3", alpha=0.2, label=f"dropped: {int(result)}")
+    axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel("step time (ms)")
+    axes.legend(loc="upper right")
+
+
 def cache_sweep(llc_bytes):
     """GB/s of every read against its size, with your cliff and the cache size the OS reports."""
 

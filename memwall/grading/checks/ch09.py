@@ -121,3 +121,52 @@ def check_moe_weight_bytes(student, rng):
             )
         )
     return compare_function(student, reference_moe_weight_bytes, cases)
+
+
+def warmup_cases(rng, n_cases=CASES):
+    """Runs whose first 2-8 steps are slow; the rest jitter around one level (no outliers)."""
+    cases = []
+    for _ in range(n_cases):
+        machine = dict(
+            seed=rng.getrandbits(32),
+            noise=rng.uniform(0.01, 0.04),
+            warmup_calls=rng.randint(2, 8),
+            warmup_factor=rng.uniform(3.0, 6.0),
+        )
+        bench = bench_spec("steps", machine=machine, step_s=rng.uniform(1e-3, 0.1))
+        cases.append(dict(bench=bench, n_steps=rng.randint(30, 60)))
+    return cases
+
+
+def reference_warmup_steps(bench, n_steps):
+    # The pretend run's truth: how many steps at its start are slow.
+    return bench["spec"]["machine"]["warmup_calls"]
+
+
+def _step_times(bench, n_steps):
+    times = []
+    for _ in range(n_steps):
+        start = bench.clock()
+        bench.step()
+        times.append(bench.clock() - start)
+    return times
+
+
+def _always_one(bench, n_steps):  # "drop the first step", whatever the run does
+    _step_times(bench, n_steps)
+    return 1
+
+
+def _fixed_five(bench, n_steps):  # a fixed warm-up count, whatever the run does
+    _step_times(bench, n_steps)
+    return 5
+
+
+def _slower_than_the_next(bench, n_steps):  # stops at the first step not slower than the next
+    times = _step_times(bench, n_steps)
+    return next((i for i in range(len(times) - 1) if times[i] <= times[i + 1]), 0)
+
+
+@register("ch09.warmup_steps", wrong_answers=[_always_one, _fixed_five, _slower_than_the_next])
+def check_warmup_steps(student, rng):
+    return compare_measured(student, reference_warmup_steps, warmup_cases(rng), rtol=0)

@@ -31,8 +31,7 @@ def compare_measured(student, reference, cases, rtol, atol=0.0) -> int:
         if problem:
             raise AssertionError(
                 f"{describe(student, case)} measured the wrong thing: {problem} "
-                f"(case {number} of {len(cases)}; the pretend machine has noise, slow outliers, "
-                f"slow first calls{drift_note(case)})"
+                f"(case {number} of {len(cases)}{machine_note(case)})"
             )
     return len(cases)
 
@@ -66,12 +65,21 @@ def describe(student, case) -> str:
     return f"{name}({', '.join(shown)})"
 
 
-def drift_note(case) -> str:
+def machine_note(case) -> str:
+    """What makes this case's pretend machine hard to time, in words."""
     for value in case.values():
         if is_bench(value):
             machine = value["spec"].get("machine", {})
-            if machine.get("drift_per_s") or machine.get("jumps"):
-                return " and a speed that drifts over time"
+            traits = [
+                ("noise", "noise"),
+                ("outlier_rate", "slow outliers"),
+                ("warmup_calls", "slow first calls"),
+                ("drift_per_s", "a speed that drifts"),
+                ("jumps", "spells at another speed"),
+            ]
+            present = [words for key, words in traits if machine.get(key)]
+            if present:
+                return "; the pretend machine has " + ", ".join(present)
     return ""
 
 
