@@ -8,6 +8,7 @@ weights and tokenizer are cached as safetensors under `cache_dir()` and later lo
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -76,9 +77,18 @@ def _require_engine() -> None:
 
 
 def _converted_offline_model() -> Path:
-    target = cache_dir() / OFFLINE_MODEL
-    if (target / "model.safetensors").exists():
-        return target
+    import transformers
+
+    # One folder per transformers major version: a tokenizer saved by transformers 5 names a
+    # class that 4.x cannot load, so a downgrade must not find the newer copy.
+    major = transformers.__version__.split(".")[0]
+    target = cache_dir() / f"{OFFLINE_MODEL}-transformers{major}"
+    for folder in (
+        target,
+        cache_dir() / OFFLINE_MODEL,
+    ):  # the second: memwall 0.1's unversioned one
+        if (folder / "model.safetensors").exists() and _saved_by_major(folder) == major:
+            return folder
     source = gguf_path()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -103,6 +113,15 @@ def _converted_offline_model() -> Path:
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _saved_by_major(folder: Path) -> str | None:
+    """The major version of the transformers that saved `folder` (from its config.json)."""
+    try:
+        saved = json.loads((folder / "config.json").read_text()).get("transformers_version", "")
+    except (OSError, ValueError):
+        return None
+    return saved.split(".")[0] or None
 
 
 def _require_network(repo_id: str) -> None:
