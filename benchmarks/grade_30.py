@@ -1,14 +1,20 @@
-"""Benchmark: grade 30 generated submissions of one chapter and print the wall time.
+"""Benchmark: grade 30 generated submissions of one chapter, sandboxed and not, side by side.
 
-    python benchmarks/grade_30.py [--chapter 01_two_phases] [--jobs N] [--keep DIR]
+    python benchmarks/grade_30.py [--chapter 01_two_phases] [--jobs 2] [--rounds 1] [--keep DIR]
 
-A benchmark, not a test: it asserts nothing beyond "every row came back". The default is the
+A benchmark, not a test: it asserts nothing beyond "every row came back with the expected
+points". Each round grades the same class twice, with the bubblewrap sandbox and without it,
+alternating which goes first, so a busy machine slows both alike; it prints the medians and
+their ratio and writes them to benchmarks/results/grade_30_<chapter>.json. The default is the
 small demo chapter of the grading tests, whose submissions mix right, blank and wrong answers (a
 third each); `--chapter` grades a real chapter of solutions/, half right and half blank.
 """
 
 import argparse
+import json
 import os
+import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +22,8 @@ from pathlib import Path
 import nbformat
 
 from memwall.grading import grade, make_student_copy
+from memwall.grading.sandbox import bwrap_path
+from memwall.grading.sync import notebooks_in, read_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SOLUTIONS = REPO / "tests" / "fixtures" / "grading" / "solutions"
@@ -28,8 +36,10 @@ WRONG_BODIES = {
 }
 
 
-def make_class(folder: Path, solutions: Path, chapter: str):
-    solution = nbformat.read(str(solutions / f"{chapter}.ipynb"), as_version=4)
+def make_class(folder: Path, solutions: Path, chapter: str) -> list:
+    """Write the class; return the expected total of each student, in order."""
+    path = next(p for p in notebooks_in(solutions) if p.stem == chapter)
+    solution = read_notebook(path)
     blank = make_student_copy(solution, f"{chapter}.ipynb")
     kinds = [solution, blank]
     if chapter == DEMO_CHAPTER:
@@ -37,33 +47,59 @@ def make_class(folder: Path, solutions: Path, chapter: str):
         for cell in wrong.cells:
             cell.source = WRONG_BODIES.get(cell.get("id"), cell.source)
         kinds.append(wrong)
+    expected = []
     for number in range(STUDENTS):
         nb = kinds[number % len(kinds)]
         nbformat.write(nb, str(folder / f"student{number:02d}__{chapter}.ipynb"))
+        expected.append("full" if nb is solution else 0)
+    return expected
+
+
+def grade_once(root, solutions, jobs, sandbox, expected):
+    started = time.perf_counter()
+    rows = grade(root / "submissions", root / f"grades-{sandbox}.csv", jobs=jobs, cell_timeout=60,
+                 timeout=300, solutions_dir=solutions, progress=False, sandbox=sandbox)  # fmt: skip
+    seconds = time.perf_counter() - started
+    assert len(rows) == STUDENTS
+    for row, want in zip(sorted(rows, key=lambda r: r.student), expected, strict=True):
+        assert row.total == (row.max_points if want == "full" else want), (row.student, row.status)
+    return seconds
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--chapter", default=DEMO_CHAPTER, help="a notebook name in solutions/, without .ipynb"
-    )
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--keep", type=Path, help="write submissions, grades.csv and feedback here")
+    parser.add_argument("--chapter", default=DEMO_CHAPTER, help="a notebook name in solutions/")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="write the submissions and grades.csv here")
     args = parser.parse_args()
+    if bwrap_path() is None:
+        raise SystemExit("bwrap is not available: nothing to compare (install bubblewrap)")
+    times = {True: [], False: []}
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         root = args.keep or Path(scratch)
         (root / "submissions").mkdir(parents=True, exist_ok=True)
         solutions = DEMO_SOLUTIONS if args.chapter == DEMO_CHAPTER else REPO / "solutions"
-        make_class(root / "submissions", solutions, args.chapter)
-        started = time.perf_counter()
-        rows = grade(root / "submissions", root / "grades.csv", feedback_dir=root / "feedback",
-                     jobs=args.jobs, cell_timeout=60, timeout=300, solutions_dir=solutions)  # fmt: skip
-        seconds = time.perf_counter() - started
-    assert len(rows) == STUDENTS
-    per_notebook = sorted(row.seconds for row in rows)
-    print(f"graded {STUDENTS} notebooks of {args.chapter} with --jobs {args.jobs} in {seconds:.1f} s wall "
-          f"({seconds / STUDENTS:.2f} s per notebook; median single notebook {per_notebook[STUDENTS // 2]:.1f} s) "
-          f"on {os.cpu_count()} CPUs")  # fmt: skip
+        expected = make_class(root / "submissions", solutions, args.chapter)
+        for round_number in range(args.rounds):
+            order = (True, False) if round_number % 2 == 0 else (False, True)
+            for sandbox in order:
+                times[sandbox].append(grade_once(root, solutions, args.jobs, sandbox, expected))
+    sandboxed, plain = statistics.median(times[True]), statistics.median(times[False])
+    result = {
+        "chapter": args.chapter, "students": STUDENTS, "jobs": args.jobs, "rounds": args.rounds,
+        "sandboxed_s": times[True], "unsandboxed_s": times[False],
+        "median_sandboxed_s": sandboxed, "median_unsandboxed_s": plain,
+        "sandbox_over_plain": sandboxed / plain,
+        "cpus": os.cpu_count(), "machine": platform.platform(),
+        "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
+    }  # fmt: skip
+    out = REPO / "benchmarks" / "results" / f"grade_30_{args.chapter}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"graded {STUDENTS} notebooks of {args.chapter} with --jobs {args.jobs}: sandboxed "
+          f"{sandboxed:.1f} s, unsandboxed {plain:.1f} s (x{sandboxed / plain:.2f}), median of "
+          f"{args.rounds} round(s), on {os.cpu_count()} CPUs, load {load_before:.1f} -> {out}")  # fmt: skip
 
 
 if __name__ == "__main__":
