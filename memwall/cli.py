@@ -49,7 +49,7 @@ class Command:
 
 
 COMMANDS = {
-    "info": Command(None, "engine", "measure this machine's memory bandwidth and FLOP/s"),
+    "info": Command(None, "engine", "measure this machine's bandwidth and FLOP/s"),
     "calc": Command(None, None, "bytes, FLOPs and the tokens/s ceiling of one decode step"),
     "bench": Command("memwall.bench", "engine", "measure decode, batching and servers"),
     "generate": Command("memwall.engine.cli", "engine", "generate text and time it"),
@@ -283,7 +283,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Only the module of `command` is imported, and only after its extra is checked, so neither
     `memwall --help` nor `memwall calc` needs torch.
     """
-    parser = _Parser(prog="memwall", description="Why LLM inference is bound by bytes, not FLOPs.")
+    parser = _Parser(
+        prog="memwall",
+        description="Why LLM inference is bound by bytes, not FLOPs.",
+        formatter_class=lambda prog: _HelpFormatter(prog, max_help_position=22),  # long names
+    )
     parser.add_argument("--version", action="version", version=f"memwall {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     if command in COMMANDS and COMMANDS[command].module is not None:
