@@ -32,52 +32,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from memwall.engine.block_manager import MemoryUse, OutOfBlocks
 from memwall.engine.paged_cache import PagedKVCache
-from memwall.engine.sampling import Sampling, make_generator, sample
+from memwall.engine.sampling import make_generator, sample
+from memwall.engine.sequence import FINISH_REASONS, Request, Result, Running
+
+__all__ = ["FINISH_REASONS", "MODES", "Request", "Result", "Scheduler"]
 
 MODES = ("continuous", "static")
-FINISH_REASONS = ("stop", "length", "abort")  # the OpenAI names, plus a request its owner dropped
-
-
-@dataclass
-class Request:
-    request_id: object
-    prompt: list[int]
-    max_new_tokens: int
-    arrival_step: int = 0  # the step at which it arrives (used by `run`)
-    stop_tokens: tuple = ()
-    sampling: Sampling = Sampling()  # greedy unless told otherwise
-
-
-@dataclass
-class Result:
-    request_id: object
-    tokens: list[int] = field(default_factory=list)
-    error: str | None = None  # why it was rejected; None if it ran
-    arrival_step: int = 0
-    first_token_step: int | None = None
-    finish_step: int | None = None
-    preemptions: int = 0
-    finish_reason: str | None = None  # one of FINISH_REASONS once it is done
-
-
-@dataclass
-class _Running:
-    request: Request
-    result: Result
-    admitted_step: int
-    generator: torch.Generator | None = None
-    context: list[int] = field(default_factory=list)  # what its prefill must put in the cache
-    prefilled: int = 0  # tokens of `context` already in the cache
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefilled < len(self.context)
 
 
 class Scheduler:
@@ -103,8 +68,8 @@ class Scheduler:
         self.on_token = on_token
         self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
         self.device = next(model.parameters()).device
-        self.waiting: deque[_Running] = deque()
-        self.running: list[_Running] = []
+        self.waiting: deque[Running] = deque()
+        self.running: list[Running] = []
         self.step_index = 0
         self.batch_sizes: list[int] = []  # decoding requests per step
         self.step_times_s: list[float] = []
@@ -134,7 +99,7 @@ class Scheduler:
             )
         result = Result(request.request_id, arrival_step=request.arrival_step)
         generator = make_generator(request.sampling, self.device)
-        self.waiting.append(_Running(request, result, admitted_step=-1, generator=generator))
+        self.waiting.append(Running(request, result, admitted_step=-1, generator=generator))
         return result
 
     @property
@@ -229,7 +194,7 @@ class Scheduler:
             finished += [done] if done else []
         return finished
 
-    def _choose(self, entries: list[_Running], logits: torch.Tensor) -> list[int]:
+    def _choose(self, entries: list[Running], logits: torch.Tensor) -> list[int]:
         """The next token of each entry from its logits row [batch, vocab]: one argmax for the
         greedy rows, each sampled row from its own generator. `.tolist()` waits for the device."""
         tokens = logits.argmax(-1)
@@ -240,7 +205,7 @@ class Scheduler:
                 )[0]
         return tokens.tolist()
 
-    def _record(self, entry: _Running, token: int) -> Result | None:
+    def _record(self, entry: Running, token: int) -> Result | None:
         """Append a generated token; retire the request if that finished it (returned)."""
         result = entry.result
         result.tokens.append(token)
@@ -257,7 +222,7 @@ class Scheduler:
             self.on_token(result, token, reason)
         return result if reason else None
 
-    def _retire(self, entry: _Running, reason: str) -> Result:
+    def _retire(self, entry: Running, reason: str) -> Result:
         self.running.remove(entry)
         self.cache.free_sequence(entry.request.request_id)
         entry.result.finish_step, entry.result.finish_reason = self.step_index, reason
