@@ -225,3 +225,19 @@ def test_sampled_requests_are_repeatable_whatever_their_batch(tiny_engine):
 
     assert draw(3, 0) == draw(3, 3)
     assert draw(3, 0) != draw(4, 0)
+
+
+def test_same_length_prompts_arriving_together_share_one_prefill(tiny_engine):
+    requests = [Request(i, [i + 1, 7, 9, 11, i + 5], 6) for i in range(4)]
+    scheduler = Scheduler(tiny_engine, n_blocks=32, block_size=4, max_batch=4)
+    calls, real_forward = [], scheduler.model.forward
+    scheduler.model.forward = lambda tokens, *a, **k: (
+        calls.append(tokens.shape) or real_forward(tokens, *a, **k)
+    )
+    try:
+        results = scheduler.run(requests)
+    finally:
+        del scheduler.model.forward
+    assert calls[0] == (4, 5) and all(shape[1] == 1 for shape in calls[1:])
+    for result, request in zip(results, requests):
+        assert result.tokens == solo(tiny_engine, request)

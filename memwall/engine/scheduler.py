@@ -159,20 +159,31 @@ class Scheduler:
             self.running.append(entry)
 
     def _prefill(self) -> list[Result]:
-        budget = self.prefill_chunk or float("inf")
-        finished = []
+        """Prefill this step's share of the prompts: all of them, or `prefill_chunk` tokens.
+        Pieces of equal length go through the model together, so a burst of same-length prompts
+        (a benchmark's) costs one weight read instead of one each."""
+        budget, pieces = self.prefill_chunk or float("inf"), {}
         for entry in [r for r in self.running if r.prefilling]:
             if budget <= 0:
                 break
-            seq_id, start = entry.request.request_id, entry.prefilled
-            count = int(min(budget, len(entry.context) - start))
-            positions, mask = self.cache.begin([seq_id], count)
-            tokens = torch.tensor([entry.context[start : start + count]], device=self.device)
+            count = int(min(budget, len(entry.context) - entry.prefilled))
+            pieces.setdefault(count, []).append(entry)
+            budget -= count
+        finished = []
+        for count, entries in pieces.items():
+            ids = [e.request.request_id for e in entries]
+            positions, mask = self.cache.begin(ids, count)
+            rows = [e.context[e.prefilled : e.prefilled + count] for e in entries]
+            tokens = torch.tensor(rows, device=self.device)
             logits = self.model(tokens, self.cache, positions=positions, mask=mask, last_only=True)
-            entry.prefilled, budget = start + count, budget - count
-            if not entry.prefilling:  # the last chunk: its logits give the next token
-                done = self._record(entry, self._choose([entry], logits[:, -1])[0])
-                finished += [done] if done else []
+            for entry in entries:
+                entry.prefilled += count
+            done = [e for e in entries if not e.prefilling]  # their last piece gives a token
+            if done:
+                last = logits[[entries.index(e) for e in done], -1]
+                for entry, token in zip(done, self._choose(done, last)):
+                    result = self._record(entry, token)
+                    finished += [result] if result else []
         return finished
 
     def _decode(self) -> list[Result]:
