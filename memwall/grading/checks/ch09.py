@@ -1,4 +1,11 @@
-"""Checks for chapter 9, "Measuring inference"."""
+"""Checks for chapter 9, "Measuring inference".
+
+- ch09.fraction_of_roofline: measured tokens/s as a fraction of the bandwidth ceiling.
+- ch09.ab_slowdown (measured): an A/B timer on a pretend machine that drifts and jumps; the
+  median of per-round ratios survives, all-A-then-all-B and means do not.
+- ch09.moe_weight_bytes: expected expert bytes a mixture-of-experts step reads at a batch.
+- ch09.warmup_steps (measured): how many slow steps a run starts with.
+"""
 
 from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
