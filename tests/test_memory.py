@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from memwall import memory, models
-from memwall.engine import Transformer, share_weights
+from memwall.engine import Transformer, share_weights, shared_engine
 from memwall.hardware import MiB, working_set_bytes
 from memwall.specs import ModelSpec
 
 
-def tiny_model(tied=True, qkv_bias=False):
+def tiny_model(tied=True):
     spec = ModelSpec(
         name="tiny-shared",
         n_layers=2,
@@ -25,16 +25,7 @@ def tiny_model(tied=True, qkv_bias=False):
         tied_embeddings=tied,
         max_context=64,
     )
-    model = models.random_init(spec, dtype=torch.float32, seed=1)
-    if qkv_bias:
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                    proj.bias = torch.nn.Parameter(torch.randn(proj.out_features))
-                layer.self_attn.v_proj.bias = torch.nn.Parameter(
-                    torch.randn(layer.self_attn.v_proj.out_features)
-                )
-    return model
+    return models.random_init(spec, dtype=torch.float32, seed=1)
 
 
 def storages(module):
@@ -77,6 +68,35 @@ def test_a_quantized_layer_keeps_its_transformers_twin():
     with torch.no_grad():
         assert torch.equal(hf(tokens).logits, before)
     assert hf.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_shared_engine_reads_the_checkpoint_into_the_engine(tmp_path, monkeypatch, tied):
+    from transformers import AutoModelForCausalLM
+
+    tiny_model(tied=tied).save_pretrained(tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    reference = Transformer.from_hf(AutoModelForCausalLM.from_pretrained(tmp_path))
+    tokens = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        expected = hf(tokens).logits
+    monkeypatch.setattr(Transformer, "from_hf", None)  # the direct path must not need it
+    engine = shared_engine(hf)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(engine.state_dict()[name], tensor), name
+    assert storages(hf) <= storages(engine)
+    assert (engine.lm_head.weight is engine.embed.weight) == tied
+    with torch.no_grad():
+        assert torch.equal(hf(tokens).logits, expected)
+
+
+def test_shared_engine_copies_when_the_file_does_not_match(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tiny_model().save_pretrained(tmp_path)  # fp32 on disk, bf16 in memory: no direct read
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    engine = shared_engine(hf)
+    assert engine.embed.weight.dtype == torch.bfloat16 and storages(hf) <= storages(engine)
 
 
 def test_measure_working_set_is_far_above_the_cache_and_fits_in_memory():

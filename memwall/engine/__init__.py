@@ -8,7 +8,7 @@ from memwall.engine.kv_cache import KVCache  # noqa: E402
 from memwall.engine.model import Transformer, causal_mask  # noqa: E402
 from memwall.engine.phases import Generation, decode_step, generate, prefill  # noqa: E402
 from memwall.engine.sampling import Sampling, probabilities, sample  # noqa: E402
-from memwall.engine.sharing import share_weights  # noqa: E402
+from memwall.engine.sharing import share_weights, shared_engine  # noqa: E402
 
 __all__ = [
     "Generation",
@@ -22,4 +22,5 @@ __all__ = [
     "probabilities",
     "sample",
     "share_weights",
+    "shared_engine",
 ]

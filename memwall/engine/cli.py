@@ -47,14 +47,14 @@ def prompt_ids(tokenizer, prompt: str, raw: bool = False) -> list[int]:
 
 def run(args) -> int:
     from memwall import models
-    from memwall.engine import Sampling, Transformer, generate
+    from memwall.engine import Sampling, generate, shared_engine
     from memwall.validate import count
 
     count("--max-tokens", args.max_tokens)
     sampling = Sampling(args.temperature, args.top_p, args.seed)  # validates before the slow load
     hf_model, tokenizer = models.load(args.model)
-    engine = Transformer.from_hf(hf_model)
-    del hf_model  # the engine shares its weights; drop the wrapper we no longer need
+    engine = shared_engine(hf_model)  # read straight into the engine: one copy at any moment
+    del hf_model
     ids = prompt_ids(tokenizer, args.prompt, raw=args.raw)
     result = generate(engine, ids, args.max_tokens, sampling, stop_tokens=[tokenizer.eos_token_id])
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)

@@ -82,8 +82,9 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
     @classmethod
-    def from_hf(cls, hf_model) -> Transformer:
-        """Copy a transformers Llama/Mistral/Qwen2-style model's weights into this engine."""
+    def empty_like_hf(cls, hf_model) -> Transformer:
+        """An engine with the shapes, dtype and device of a transformers Llama/Mistral/Qwen2-style
+        model, its weights not filled in yet (from_hf copies them; engine.sharing reads a file)."""
         cfg = hf_model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rope = getattr(cfg, "rope_parameters", None) or {}
@@ -110,6 +111,14 @@ class Transformer(nn.Module):
                 tied_embeddings=cfg.tie_word_embeddings,
                 qkv_bias=qkv_bias,
             )
+        return model
+
+    @classmethod
+    def from_hf(cls, hf_model) -> Transformer:
+        """Copy a transformers Llama/Mistral/Qwen2-style model's weights into this engine."""
+        model = cls.empty_like_hf(hf_model)
+        ref = hf_model.model
+        qkv_bias = model.blocks[0].attn.qkv.bias is not None
         with torch.no_grad():
             model.embed.weight.copy_(ref.embed_tokens.weight)
             if model.tied_embeddings and hf_model.lm_head.weight is ref.embed_tokens.weight:
