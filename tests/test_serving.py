@@ -71,3 +71,41 @@ def test_bench_serve_reports_ttft_and_tpot_under_load(server_url):
     assert 0 < summary["ttft"]["median_ms"] <= summary["ttft"]["p90_ms"]
     assert summary["tpot"]["median_ms"] > 0
     assert summary["throughput_tok_per_s"] > 0
+
+
+def test_serve_cli_rejects_bad_options_in_one_line():
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "memwall.cli", "serve", "--prefill-chunk", "-1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--prefill-chunk" in lines[0]
+
+
+@pytest.mark.slow
+def test_memwall_serve_command_answers_the_openai_client():
+    import subprocess
+    import sys
+
+    import openai
+
+    command = [sys.executable, "-m", "memwall.cli", "serve", "--port", "0", "--kv-tokens", "1024"]
+    command += ["--prefill-chunk", "32", "--device", "cpu"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        banner = server.stdout.readline()
+        url = banner.split(" at ")[1].split(":", 2)
+        base = f"http://127.0.0.1:{url[2].split('/')[0]}/v1"
+        client = openai.OpenAI(base_url=base, api_key="-", max_retries=0, timeout=120)
+        answer = client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": "Say hi"}],
+            max_tokens=5,
+            temperature=0,
+        )
+        assert answer.usage.completion_tokens <= 5 and answer.choices[0].message.content
+        assert answer.choices[0].finish_reason in ("stop", "length")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

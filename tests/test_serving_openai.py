@@ -1,5 +1,6 @@
 """`memwall serve` driven by the official `openai` client, on a tiny random-weight model (loopback)."""
 
+import copy
 import http.client
 import json
 import threading
@@ -7,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+import torch
 from serving_fixtures import ByteTokenizer, base_url, tiny_server, wait_until_idle
 
 from memwall.engine import generate
@@ -243,3 +245,16 @@ def test_fifty_aborted_streams_leak_no_blocks(server, client):
     assert stats["free_blocks"] == stats["total_blocks"] and stats["failures"] == 0
     # Nobody ran to 200 tokens: with 8 places, that alone would take 50 * 200 / 8 steps.
     assert server.loop.scheduler.step_index - steps_before < 50 * 200 / 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_serves_on_a_gpu_unchanged(tiny_engine):
+    engine = copy.deepcopy(tiny_engine).to("cuda")
+    _, expected = greedy_text(engine, PROMPT, 8)  # the engine's own decode on the same device
+    with tiny_server(engine) as server:
+        client = openai.OpenAI(base_url=base_url(server), api_key="-", max_retries=0)
+        text = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+        sampled = client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1
+        )
+    assert text.choices[0].text == expected and sampled.usage.completion_tokens == 8
