@@ -12,7 +12,6 @@ it finished.
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -22,25 +21,23 @@ from pathlib import Path
 from memwall.grading.cells import check_cells
 from memwall.grading.channel import GraderChannel
 from memwall.grading.execute import Setup, kill_running_notebooks, run_notebook
+from memwall.grading.readiness import check_ready, resolve_sandbox
 from memwall.grading.registry import get_check
 from memwall.grading.restore import restore_submission
-from memwall.grading.sandbox import Limits, Sandbox, bwrap_path, preflight
+from memwall.grading.sandbox import Limits, Sandbox
 from memwall.grading.scoring import explain_failure, last_line, run_notes, score_checks
 from memwall.grading.serving import serve_checks
 from memwall.grading.submissions import Submission, find_submissions, read_submission
 from memwall.grading.sync import notebooks_in, read_notebook
 from memwall.grading.tampering import tampering_flags
 
-__all__ = ["grade", "grade_submission", "explain_failure", "read_submission", "SolutionBook"]
+__all__ = [
+    "grade", "grade_submission", "check_ready", "explain_failure", "read_submission", "SolutionBook",
+]  # fmt: skip
 
 # Generous defaults: a real chapter may load a model (about 20 s cold) before its checks run.
 DEFAULT_NOTEBOOK_TIMEOUT = 900
 DEFAULT_CELL_TIMEOUT = 300
-REQUIRED_MODULES = ("pytest", "nbval", "ipykernel")
-UNSANDBOXED_WARNING = (
-    "warning: bubblewrap (bwrap) is not available, so notebooks run UNSANDBOXED: student code "
-    "can read and change anything this user can (install bubblewrap: `make grade` does it)"
-)
 
 
 @dataclass
@@ -107,13 +104,7 @@ def grade(
     from memwall.grading.report import ReportWriter, print_summary
 
     check_ready(timeout, cell_timeout, jobs, call_timeout)
-    use_sandbox = resolve_sandbox(sandbox)
-    if use_sandbox:
-        with tempfile.TemporaryDirectory(prefix="memwall-preflight-") as work_dir:
-            problem = preflight(Path(work_dir), limits, read_only_paths)
-        if problem:
-            raise ValueError(f"a sandboxed Python cannot run the notebooks ({problem}); "
-                             "fix that, or grade with --no-sandbox")  # fmt: skip
+    use_sandbox = resolve_sandbox(sandbox, limits, read_only_paths)
     started = time.monotonic()
     writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
     submissions, skipped = find_submissions(submissions_dir)
@@ -141,45 +132,6 @@ def grade(
     if progress:
         print_summary(writer.rows, skipped, out_csv, feedback_dir, time.monotonic() - started)
     return writer.rows
-
-
-def check_ready(timeout, cell_timeout, jobs, call_timeout=None):
-    """Refuse nonsense limits and a Python without the grading tools, before grading anything."""
-    import importlib.util
-
-    for name, value in (("timeout", timeout), ("cell timeout", cell_timeout)):
-        if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"the {name} must be a positive number of seconds, got {value!r}")
-    if call_timeout is not None and not (
-        isinstance(call_timeout, (int, float)) and call_timeout > 0
-    ):
-        raise ValueError(
-            f"the call timeout must be a positive number of seconds, got {call_timeout!r}"
-        )
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
-    missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ValueError(
-            f"grading needs {', '.join(missing)}, which is not installed: "
-            "pip install 'memwall[grade]'"
-        )
-
-
-def resolve_sandbox(sandbox) -> bool:
-    if sandbox not in ("auto", True, False):
-        raise ValueError(f"sandbox must be 'auto', True or False, got {sandbox!r}")
-    if sandbox is False:
-        print("warning: --no-sandbox: notebooks run UNSANDBOXED", file=sys.stderr)
-        return False
-    if bwrap_path() is not None:
-        return True
-    if sandbox is True:
-        raise ValueError(
-            "the sandbox needs bubblewrap (bwrap), which is missing or cannot run here"
-        )
-    print(UNSANDBOXED_WARNING, file=sys.stderr)
-    return False
 
 
 class SolutionBook:
