@@ -98,6 +98,15 @@ def test_unknown_checks_and_second_sessions_get_no_verdict(tmp_path, monkeypatch
     assert "expected" in channel.verdicts["demo.matrix_bytes"].message
 
 
+def test_a_students_exception_keeps_its_builtin_type():
+    from memwall.grading.channel import remote_exception
+
+    assert isinstance(remote_exception("ValueError", "bad"), ValueError)
+    assert not isinstance(remote_exception("KeyboardInterrupt", "x"), KeyboardInterrupt)
+    assert type(remote_exception("MyError", "x")).__name__ == "MyError"
+    assert type(remote_exception("not a name", "x")).__name__ == "Exception"
+
+
 # ---- plain values -----------------------------------------------------------------------------
 
 

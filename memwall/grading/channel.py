@@ -10,6 +10,7 @@ later connections for it are turned away; a session cut short by a dying kernel 
 a rerun of the notebook can serve that check again.
 """
 
+import builtins
 import json
 import os
 import socket
@@ -63,9 +64,7 @@ class RemoteFunction:
         if "not_implemented" in reply:
             raise NotImplementedError(text(reply["not_implemented"]))
         if "raised" in reply:
-            name = text(reply["raised"], 80)
-            kind = type(name if name.isidentifier() else "Exception", (Exception,), {})
-            raise kind(text(reply.get("message", "")))
+            raise remote_exception(text(reply["raised"], 80), text(reply.get("message", "")))
         if "unsendable" in reply:
             raise TypeError(
                 f"returned a value the grader cannot read ({text(reply['unsendable'])})"
@@ -139,6 +138,15 @@ class GraderChannel:
             )
         except BadReply as error:
             return Verdict(False, f"{spec.name}: {error}")
+
+
+def remote_exception(name: str, message: str) -> Exception:
+    """An exception named like the student's; a builtin Exception's subclass when it is one,
+    so a check may expect, say, a ValueError for bad input."""
+    builtin = getattr(builtins, name, None)
+    is_builtin = isinstance(builtin, type) and issubclass(builtin, Exception)
+    base = builtin if is_builtin else Exception
+    return type(name if name.isidentifier() else "Exception", (base,), {})(message)
 
 
 def send(connection, message):
