@@ -180,3 +180,67 @@ def test_c_kernel_gives_each_row_the_same_bits_alone_or_batched():
             assert torch.equal(cpu_kernels.fp32_linear(rows[i : i + 1], weight)[0], batched[i])
     finally:
         torch.set_num_threads(threads)
+
+
+# ---- the fast batch-1 decode path (engine/cpu/fast_decode.py) against the readable engine ----------
+
+
+def fast_or_skip(engine):
+    from memwall.engine import cpu_kernels
+    from memwall.engine.cpu.fast_decode import accelerate
+
+    if not cpu_kernels.available():
+        pytest.skip(f"memwall's CPU kernels: {cpu_kernels.unavailable_reason()}")
+    return accelerate(engine)
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "int8", "int4"])
+def test_fast_decode_matches_the_readable_engine(tiny_engine, scheme):
+    from memwall.engine.quant import quantize
+
+    model = tiny_engine if scheme == "fp32" else quantize(tiny_engine, scheme, inplace=False)
+    fast = fast_or_skip(model)
+    prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(4))
+    readable_cache, fast_cache = model.new_cache(max_tokens=40), model.new_cache(max_tokens=40)
+    with torch.inference_mode():
+        ours, reference = prefill(fast, prompt, fast_cache), prefill(model, prompt, readable_cache)
+        for _ in range(24):
+            token = reference.argmax(-1)
+            ours, reference = (
+                decode_step(fast, token, fast_cache),
+                decode_step(model, token, readable_cache),
+            )
+            assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
+    assert fast_cache.length == readable_cache.length
+    assert torch.allclose(fast_cache.keys, readable_cache.keys, atol=1e-5)
+    assert generate(fast, prompt[0], 32).tokens == generate(model, prompt[0], 32).tokens
+
+
+def test_fast_decode_leaves_other_steps_to_the_readable_engine(tiny_engine):
+    from memwall.engine import cpu_kernels
+
+    fast = fast_or_skip(tiny_engine)
+    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        batch = fast(tokens, tiny_engine.new_cache(batch=2, max_tokens=8))
+        assert torch.equal(batch, tiny_engine(tokens, tiny_engine.new_cache(batch=2, max_tokens=8)))
+        with cpu_kernels.switched_off():
+            one = fast(tokens[:1], tiny_engine.new_cache(max_tokens=8))
+            assert torch.equal(one, tiny_engine(tokens[:1], tiny_engine.new_cache(max_tokens=8)))
+    full = tiny_engine.new_cache(max_tokens=1)
+    with pytest.raises(ValueError, match="full"), torch.inference_mode():
+        fast(tokens[:1], full)
+        fast(tokens[:1], full)
+    assert fast.n_layers == tiny_engine.n_layers  # the wrapper answers for the model
+
+
+@pytest.mark.slow
+def test_smollm2_fast_decode_logits_and_tokens_match_transformers(smollm2, smollm2_engine):
+    hf, tokenizer = smollm2
+    fast = fast_or_skip(smollm2_engine)
+    prompt = tokenizer("The memory wall is the gap between", return_tensors="pt").input_ids
+    assert_logits_match(hf, fast, prompt, steps=16)
+    prompt = tokenizer(
+        "Once upon a time, in a small village by the sea,", return_tensors="pt"
+    ).input_ids
+    assert generate(fast, prompt[0], 64).tokens == generate(smollm2_engine, prompt[0], 64).tokens
