@@ -244,3 +244,21 @@ def test_smollm2_fast_decode_logits_and_tokens_match_transformers(smollm2, smoll
         "Once upon a time, in a small village by the sea,", return_tensors="pt"
     ).input_ids
     assert generate(fast, prompt[0], 64).tokens == generate(smollm2_engine, prompt[0], 64).tokens
+
+
+def test_bench_decode_times_the_fast_path_beside_the_readable_one(tiny_hf):
+    from memwall.bench import bench_decode
+
+    kwargs = dict(
+        prompt_tokens=4, new_tokens=3, repeats=1, warmup=0, bandwidth=1e10, progress=False
+    )
+    both = bench_decode(tiny_hf, "memwall", quant="none,int8", fast="both", **kwargs)
+    assert list(both["tok_per_s_over_first"]) == [
+        "memwall",
+        "memwall-fast",
+        "memwall-int8",
+        "memwall-int8-fast",
+    ]
+    assert both["memwall-fast"]["weight_bytes"] == both["memwall"]["weight_bytes"]
+    with pytest.raises(ValueError, match="off, on, both"):
+        bench_decode(tiny_hf, "memwall", fast="yes", **kwargs)

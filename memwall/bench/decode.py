@@ -30,6 +30,7 @@ from memwall.bench import probe as roofline_probe
 from memwall.validate import count
 
 ENGINES = ("memwall", "hf")
+FAST_CHOICES = ("off", "on", "both")
 
 
 def bench_decode(
@@ -49,6 +50,7 @@ def bench_decode(
     group_size: int = 32,
     peak_flops: float | None = None,
     probe=None,
+    fast: str = "off",
 ) -> dict:
     """Time batch-1 greedy decode and return a dict of medians and roofline figures.
 
@@ -65,7 +67,11 @@ def bench_decode(
         ["none", "int8", "int4"] times each format side by side, interleaved, in one process (engine
         "memwall" only): one sub-dict per format ("memwall", "memwall-int8", "memwall-int4-g32")
         and `tok_per_s_over_first`, each format's tokens/s over the first one's.
+    fast: "on" times memwall's fast batch-1 decode path (`memwall.engine.cpu.fast_decode`, on a
+        CPU) instead of the readable engine; "both" times the two side by side ("...-fast" labels).
     """
+    if fast not in FAST_CHOICES:
+        raise ValueError(f"Unknown fast {fast!r}; choose from {', '.join(FAST_CHOICES)}.")
     if engine not in (*ENGINES, "compare"):
         raise ValueError(
             f"Unknown engine {engine!r}; choose from {', '.join((*ENGINES, 'compare'))}."
@@ -76,7 +82,8 @@ def bench_decode(
     quants = _parse_quants(quant)
     if quants != [None] and "memwall" not in engines:
         raise ValueError("quant applies to memwall's engine; use engine='memwall' or 'compare'.")
-    side_by_side = len(quants) > 1
+    wrappers = {"off": [False], "on": [True], "both": [False, True]}[fast]
+    side_by_side = len(quants) * len(wrappers) > 1
     if side_by_side and engine != "memwall":
         raise ValueError("several quant formats are timed side by side with engine='memwall' only.")
 
@@ -115,9 +122,15 @@ def bench_decode(
                 if q is None
                 else quantize(base, q, group_size=group_size, inplace=not side_by_side)
             )
-            runs[label] = lambda m=variant: time_memwall(m, prompt, new_tokens)
-            weight_bytes[label] = variant.weight_bytes_per_step()
-            kv_per_token[label] = variant.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
+            for wrapped in wrappers:
+                timed, tag = variant, label + ("-fast" if wrapped and fast == "both" else "")
+                if wrapped and torch.device(device).type == "cpu":
+                    from memwall.engine.cpu.fast_decode import accelerate
+
+                    timed = accelerate(variant)
+                runs[tag] = lambda m=timed: time_memwall(m, prompt, new_tokens)
+                weight_bytes[tag] = variant.weight_bytes_per_step()
+                kv_per_token[tag] = variant.new_cache(batch=1, max_tokens=1).nbytes  # real tensors
         if "hf" not in engines and isinstance(model, str):
             hf_model = None  # we loaded it: free it, so an 8B model is never held twice
     if "hf" in engines:
@@ -374,6 +387,12 @@ def add_cli(bench_subparsers) -> None:
         "a list such as none,int8,int4 times the formats side by side, interleaved",
     )
     parser.add_argument("--group-size", type=int, default=32, help="int4 group size (default 32)")
+    parser.add_argument(
+        "--fast",
+        choices=FAST_CHOICES,
+        default="off",
+        help="memwall's fast batch-1 decode path on a CPU: off, on, or both side by side",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
 
@@ -416,4 +435,5 @@ def _run(args) -> dict:
         warmup=args.warmup,
         quant=args.quant,
         group_size=args.group_size,
+        fast=args.fast,
     )
