@@ -316,6 +316,7 @@ def test_the_tampering_scan_is_linear_on_pathological_code():
     assert tampering_flags(nasty) == []
     assert tampering_flags(["get_ipython().set_custom_exc((E,), f)"]) == ["uses IPython hooks"]
     assert tampering_flags(["return reference_decode_ceiling(x)"]) == ["calls a reference"]
+    assert tampering_flags(["reference_time = 3", "my_reference_(1)"]) == []
 
 
 @pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) cannot run here")

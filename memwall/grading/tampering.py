@@ -12,6 +12,8 @@ import re
 IMPORT_PATCHES = ("sys.modules", "__import__", "importlib", "builtins", "pkgutil")
 IPYTHON_HOOKS = ("set_custom_exc", "input_transformers", "ast_transformers", "register_magic")
 GENERATED_CODE = re.compile(r"(?<![\w.])(?:exec|eval|compile)\(")
+# Starts only at a word boundary, so each word is scanned once.
+REFERENCE_CALL = re.compile(r"(?<!\w)reference_\w+[ \t]*\(")
 
 
 def tampering_flags(sources) -> list:
@@ -19,7 +21,7 @@ def tampering_flags(sources) -> list:
     found = set()
     for source in sources:
         for line in source.splitlines():
-            _scan_line("".join(line.split()), found)
+            _scan_line("".join(line.split()), line, found)
     order = [
         "touches memwall.grading", "redefines check", "patches imports", "runs generated code",
         "uses IPython hooks", "calls a reference",
@@ -27,7 +29,7 @@ def tampering_flags(sources) -> list:
     return [reason for reason in order if reason in found]
 
 
-def _scan_line(code: str, found: set):
+def _scan_line(code: str, line: str, found: set):
     if "memwall.grading" in code or (code.startswith("frommemwallimport") and "grading" in code):
         found.add("touches memwall.grading")
     if code.startswith("defcheck(") or (
@@ -40,5 +42,5 @@ def _scan_line(code: str, found: set):
         found.add("runs generated code")
     if any(name in code for name in IPYTHON_HOOKS):
         found.add("uses IPython hooks")
-    if "reference_" in code:
+    if "reference_" in code and REFERENCE_CALL.search(line):
         found.add("calls a reference")
