@@ -1,6 +1,7 @@
 """Checks for chapter 5 (grouped-query and multi-query attention).
 
-1. ``ch05.kv_bytes_per_token``: what one token adds to the cache, for any number of KV heads.
+1. ``ch05.kv_overtakes_batch``: the smallest batch whose KV cache outgrows the weights at a
+   context (Pope et al. 2022), for any number of KV heads.
 2. ``ch05.max_users``: how many sequences fit next to the weights (the calculator's "max users").
 3. ``ch05.mean_pool_heads``: mean-pool KV heads (Ainslie et al. 2023); graded on the attention
    output that the pooled keys and values produce, against a reference pooling.
@@ -9,40 +10,69 @@
 import math
 
 from memwall.grading import compare_function, register
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 
 
-# ---- 1. KV bytes per token ----------------------------------------------------------------------------
+# ---- 1. the batch at which the KV cache overtakes the weights -------------------------------------
 
 
-def reference_kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_element):
-    # a key and a value vector per KV head, in every layer
-    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_element
+def reference_kv_overtakes_batch(weight_bytes, n_layers, n_heads, n_kv_heads, head_dim,
+                                 kv_bytes_per_element, context):  # fmt: skip
+    # Smallest batch whose cache (a key and a value per KV head per layer, per token of every
+    # sequence) is larger than the weights a decode step reads once for the whole batch.
+    per_sequence = 2 * n_layers * n_kv_heads * head_dim * kv_bytes_per_element * context
+    return math.floor(weight_bytes / per_sequence) + 1
 
 
-@register(
-    "ch05.kv_bytes_per_token",
-    wrong_answers=[
-        lambda n_layers, n_kv_heads, head_dim, bytes_per_element: (
-            n_layers * n_kv_heads * head_dim * bytes_per_element
-        ),
-        lambda n_layers, n_kv_heads, head_dim, bytes_per_element: (
-            2 * n_layers * n_kv_heads * head_dim
-        ),
-    ],
-)
-def check_kv_bytes_per_token(student, rng):
-    cases = [
-        dict(
-            n_layers=rng.randint(1, 128),
-            n_kv_heads=rng.choice([1, 2, 4, 5, 8, 16, 32, 64]),
-            head_dim=rng.choice([64, 80, 96, 128, 256]),
-            bytes_per_element=rng.choice([0.5, 1, 2, 4]),
+def _counts_query_heads(weight_bytes, n_layers, n_heads, n_kv_heads, head_dim,
+                        kv_bytes_per_element, context):  # fmt: skip
+    # MHA's cache, not GQA's: one KV head per query head
+    return reference_kv_overtakes_batch(weight_bytes, n_layers, n_heads, n_heads, head_dim,
+                                        kv_bytes_per_element, context)  # fmt: skip
+
+
+def _keys_only(weight_bytes, n_layers, n_heads, n_kv_heads, head_dim, kv_bytes_per_element,
+               context):  # fmt: skip
+    return reference_kv_overtakes_batch(weight_bytes, n_layers, n_heads, n_kv_heads, head_dim,
+                                        kv_bytes_per_element / 2, context)  # fmt: skip
+
+
+def _one_token_per_sequence(weight_bytes, n_layers, n_heads, n_kv_heads, head_dim,
+                            kv_bytes_per_element, context):  # fmt: skip
+    return reference_kv_overtakes_batch(weight_bytes, n_layers, n_heads, n_kv_heads, head_dim,
+                                        kv_bytes_per_element, 1)  # fmt: skip
+
+
+def kv_overtakes_cases(rng):
+    cases = []
+    for _ in range(CASES_PER_CHECK):
+        n_heads = rng.choice([8, 16, 32, 64])
+        head_dim = rng.choice([64, 128])
+        n_layers = rng.randint(16, 80)
+        params = rng.uniform(0.5e9, 70e9)
+        cases.append(
+            dict(
+                weight_bytes=params * rng.choice([2, 1, 0.5]),
+                n_layers=n_layers,
+                n_heads=n_heads,
+                n_kv_heads=n_heads // rng.choice([2, 4, 8]),  # GQA: fewer KV heads than queries
+                head_dim=head_dim,
+                kv_bytes_per_element=rng.choice([2, 1]),
+                context=rng.randint(256, 131072),
+            )
         )
-        for _ in range(CASES_PER_CHECK)
-    ]
-    return compare_function(student, reference_kv_bytes_per_token, cases, rtol=1e-9)
+    return cases
+
+
+@register_cases(
+    "ch05.kv_overtakes_batch",
+    reference=reference_kv_overtakes_batch,
+    wrong_answers=[_counts_query_heads, _keys_only, _one_token_per_sequence],
+)
+def check_kv_overtakes_batch(rng):
+    return kv_overtakes_cases(rng)
 
 
 # ---- 2. max users --------------------------------------------------------------------------------------
