@@ -60,7 +60,7 @@ def bench_speculative(
     `tokenizer`). draft: "self:N" (first N layers), "lookup:N" (n-gram prompt lookup) or
     "model:NAME" (a separate model with the same vocabulary).
     """
-    from memwall.engine import Sampling, Transformer, generate
+    from memwall.engine import Sampling, generate, shared_engine
     from memwall.engine.drafts import parse_draft
     from memwall.engine.speculative import expected_tokens_per_pass, speculative_generate
 
@@ -71,7 +71,7 @@ def bench_speculative(
         dtype = harness.resolve_dtype(dtype, device)
         name = model
         hf_model, tokenizer = workload.load_model(model, dtype, device)
-        target = Transformer.from_hf(hf_model)
+        target = shared_engine(hf_model)  # read into the engine: never two copies at once
         del hf_model
     else:
         target, name = model, type(model).__name__
@@ -79,7 +79,7 @@ def bench_speculative(
         device, dtype = str(parameter.device), harness.dtype_name(parameter.dtype)
 
     def load_draft_model(draft_name):
-        return Transformer.from_hf(workload.load_model(draft_name, dtype, device)[0])
+        return shared_engine(workload.load_model(draft_name, dtype, device)[0])
 
     draft_obj = parse_draft(draft, target, load_draft_model)
     ids = prompt_ids(tokenizer, prompt, target.lm_head.out_features)

@@ -127,10 +127,10 @@ def _read_into(file, start: int, entry: dict, tensor: torch.Tensor) -> int:
 def _engine_from_checkpoint(hf_model: nn.Module, path: Path):
     from memwall.engine.model import Transformer
 
+    if next(hf_model.parameters()).device.type != "cpu":
+        raise _CannotRead("the model is not on the CPU")  # file reads land in CPU memory
     header, start = _safetensors_index(path)
     engine = Transformer.empty_like_hf(hf_model).requires_grad_(False)
-    if engine.embed.weight.device.type != "cpu":
-        raise _CannotRead("the engine is not on the CPU")
     tied = engine.tied_embeddings and hf_model.lm_head.weight is hf_model.model.embed_tokens.weight
     if tied:
         engine.lm_head.weight = engine.embed.weight

@@ -53,7 +53,7 @@ def ensure_port_free(host: str, port: int) -> None:
 def run_serve(args):
     ensure_port_free(args.host, args.port)
     from memwall.bench import harness, workload
-    from memwall.engine import Transformer
+    from memwall.engine import shared_engine
     from memwall.serving.server import start_server
 
     if args.prefill_chunk < 0 or args.max_batch < 1 or args.max_queue < 0:
@@ -63,7 +63,7 @@ def run_serve(args):
     hf_model, tokenizer = workload.load_model(args.model, dtype, device)
     if tokenizer is None:
         raise ValueError(f"{args.model!r} has no tokenizer to serve text with; use a real model")
-    engine = Transformer.from_hf(hf_model)
+    engine = shared_engine(hf_model)  # read into the engine: never two copies at once
     del hf_model  # the engine holds its own copy of the weights
     server = start_server(
         engine,
