@@ -115,6 +115,8 @@ def flagged_rows(rows):
 def pattern(message: str) -> str:
     """A failure message with its numbers masked, first line only, so alike mistakes group."""
     first = message.strip().splitlines()[0] if message.strip() else ""
+    if "not implemented yet" in first:  # the hint after it differs per exercise, not per student
+        return first.split("not implemented yet")[0] + "not implemented yet"
     return _NUMBER.sub("#", first)
 
 
