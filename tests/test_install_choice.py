@@ -77,7 +77,7 @@ def test_binder_installs_the_locked_cpu_torch_and_builds_ahead():
     assert len(torch_pins) == 1 and torch_pins[0].endswith("+cpu")
     assert not any(line.startswith(("memwall", "nvidia-")) for line in constraints)
     post_build = (ROOT / "binder" / "postBuild").read_text()
-    assert "models.load('smollm2-135m')" in post_build and "cpu_kernels" in post_build
+    assert "models.load('smollm2-135m')" in post_build and "memwall build-kernels" in post_build
     assert "-e .[engine,widgets]" in (ROOT / "requirements.txt").read_text().splitlines()
 
 
