@@ -23,7 +23,7 @@ def register_cli(subparsers):
         "--max-batch", type=int, default=16, help="requests decoded together (default 16)"
     )
     parser.add_argument(
-        "--kv-tokens", type=int, default=16384, help="token slots in the paged KV cache (16384)"
+        "--kv-tokens", type=int, default=8192, help="token slots in the paged KV cache (8192)"
     )
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
     parser.add_argument(

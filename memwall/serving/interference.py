@@ -61,7 +61,11 @@ def _wait(condition, timeout_s, streams):
 
 
 def one_run(engine, tokenizer, prefill_chunk, prompt_ids, streams, warmup_tokens, timeout_s):
-    kv_tokens = len(prompt_ids) + streams * 2048 + 256
+    # Streams long enough to outlast the long prefill (one token per chunk, and some after),
+    # and a cache just big enough for everyone, since it is allocated up front.
+    stream_tokens = warmup_tokens + len(prompt_ids) // min(prefill_chunk or 64, 64) + 64
+    stream_tokens = min(stream_tokens, engine.max_positions - 8)
+    kv_tokens = len(prompt_ids) + streams * (stream_tokens + 8) + 64
     server = start_server(
         engine,
         tokenizer,
@@ -71,8 +75,6 @@ def one_run(engine, tokenizer, prefill_chunk, prompt_ids, streams, warmup_tokens
         prefill_chunk=prefill_chunk,
     )
     port = server.server_port
-    # Streams long enough to outlast the long prefill, within the model's context.
-    stream_tokens = min(2048, engine.max_positions - 8)
     body = {
         "prompt": prompt_ids[:8],
         "max_tokens": stream_tokens,

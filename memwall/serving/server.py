@@ -236,14 +236,15 @@ def start_server(
     host="127.0.0.1",
     port=0,
     *,
-    kv_tokens: int = 4096,
+    kv_tokens: int = 2048,
     block_size: int = 16,
     max_batch: int = 8,
     max_queue: int = 64,
     prefill_chunk: int | None = None,
 ) -> OpenAIServer:
     """Serve `engine` in background threads; the port is server.server_port, the engine loop is
-    server.loop, and server.shutdown() stops both. The KV cache holds `kv_tokens` token slots."""
+    server.loop, and server.shutdown() stops both. The KV cache holds `kv_tokens` token slots,
+    allocated (and zeroed) up front: 2 x layers x KV heads x head dim x bytes each."""
     if kv_tokens < block_size:
         raise ValueError(f"kv_tokens ({kv_tokens}) must hold at least one block of {block_size}")
     loop = EngineLoop(
