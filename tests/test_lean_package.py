@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -140,12 +141,20 @@ def test_pip_install_without_extras_in_a_fresh_venv(tmp_path):
         timeout=300,
     )
     assert build.returncode == 0, build.stderr
+    (wheel,) = wheels.glob("memwall-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = set(archive.namelist())
+    sources = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "memwall").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so")
+    }
+    assert not sources - shipped, "package-data misses these files"
     env_dir = tmp_path / "lean"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
     install = subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-index"]
-        + [str(path) for path in wheels.glob("memwall-*.whl")],
+        [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-index"] + [str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,
