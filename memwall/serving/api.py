@@ -28,6 +28,7 @@ UNSUPPORTED = {
     "frequency_penalty": (None, 0, 0.0),
     "tools": (None, []),
     "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -134,9 +135,14 @@ def _chat_prompt(body, tokenizer) -> list[int]:
         if not isinstance(content, str):
             raise bad("each message's 'content' must be a string", "messages")
         plain.append({"role": message["role"], "content": content})
-    ids = tokenizer.apply_chat_template(
-        plain, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    try:
+        ids = tokenizer.apply_chat_template(
+            plain, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    except Exception as error:  # a template may refuse a role or an order of messages
+        raise bad(
+            f"the model's chat template refused these messages: {error}", "messages"
+        ) from None
     return list(ids)
 
 
