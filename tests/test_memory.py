@@ -141,6 +141,12 @@ def test_notebook_peak_rss_sees_what_the_kernel_allocated(tmp_path):
     )
     assert small["ok"] and big["ok"], (small, big)
     assert big["peak_rss_bytes"] - small["peak_rss_bytes"] > 350 * MiB
-    failing = memory.notebook_peak_rss(notebook("fails.ipynb", "1 / 0"), timeout=120)
+    myst = tmp_path / "chapter.md"  # the chapters' source format
+    myst.write_text(
+        "---\njupytext:\n  text_representation:\n    format_name: myst\n"
+        "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n"
+        "```{code-cell} ipython3\nx = 1 / 0\n```\n"
+    )
+    failing = memory.notebook_peak_rss(myst, timeout=120)  # its cell ran, and raised
     assert not failing["ok"] and "ZeroDivisionError" in failing["error"]
     assert json.dumps(failing)  # plain values, for a report
