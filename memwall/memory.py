@@ -95,7 +95,7 @@ def _read_notebook(path: Path):
     if path.suffix == ".md":
         import jupytext
 
-        return jupytext.read(path)
+        return jupytext.read(path, fmt="md:myst")  # the chapters' format
     import nbformat
 
     return nbformat.read(path, as_version=4)
