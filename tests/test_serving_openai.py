@@ -258,3 +258,22 @@ def test_serves_on_a_gpu_unchanged(tiny_engine):
             model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1
         )
     assert text.choices[0].text == expected and sampled.usage.completion_tokens == 8
+
+
+def test_a_small_cache_preempts_and_still_answers_exactly(tiny_engine):
+    prompts = [f"{i}: {PROMPT}"[:20] for i in range(6)]
+    with tiny_server(tiny_engine, kv_tokens=128, block_size=8) as server:  # 16 blocks for all
+        client = openai.OpenAI(base_url=base_url(server), api_key="-", max_retries=0)
+
+        def complete(prompt):
+            return (
+                client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0)
+                .choices[0]
+                .text
+            )
+
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(complete, prompts))
+        stats = wait_until_idle(server)
+    assert texts == [greedy_text(tiny_engine, p, 40)[1] for p in prompts]
+    assert stats["preemptions"] > 0 and stats["free_blocks"] == stats["total_blocks"] == 16

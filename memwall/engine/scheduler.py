@@ -71,6 +71,7 @@ class Scheduler:
         self.waiting: deque[Running] = deque()
         self.running: list[Running] = []
         self.step_index = 0
+        self.preemptions = 0  # in all
         self.batch_sizes: list[int] = []  # decoding requests per step
         self.step_times_s: list[float] = []
         self.memory: list[MemoryUse] = []  # after each step
@@ -246,6 +247,7 @@ class Scheduler:
         self.running.remove(victim)
         self.cache.free_sequence(victim.request.request_id)
         victim.result.preemptions += 1
+        self.preemptions += 1
         self.waiting.appendleft(victim)
 
     # ---- a whole stream ----------------------------------------------------------------------------

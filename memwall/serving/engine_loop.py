@@ -110,6 +110,7 @@ class EngineLoop:
             "total_blocks": blocks.n_blocks,
             "steps": self.scheduler.step_index,
             "mean_batch": sum(sizes) / len(sizes) if sizes else 0.0,
+            "preemptions": self.scheduler.preemptions,
             "failures": self.failures,
         }
 
