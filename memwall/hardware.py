@@ -376,7 +376,8 @@ def _measure(device_str: str, quick: bool) -> Measurement:
 
 
 def measure(device=None, quick: bool = False) -> Measurement:
-    """Measure memory bandwidth and matmul FLOP/s on `device` (default: CUDA if present, else CPU).
+    """Measure memory bandwidth and matmul FLOP/s on `device` (default: the device the models load
+    on, `memwall.devices.default_device()`: the CPU unless MEMWALL_DEVICE says otherwise).
 
     Results are cached for the process, so chapters can call this freely. `quick` uses a smaller
     (still larger-than-cache) working set and matmul, for tests.
@@ -384,7 +385,9 @@ def measure(device=None, quick: bool = False) -> Measurement:
     import torch
 
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        from memwall.devices import default_device
+
+        device = default_device()
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

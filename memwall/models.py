@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from memwall._versions import require
+from memwall.devices import default_device
 from memwall.paths import cache_dir
 
 OFFLINE_MODEL = "smollm2-135m"
@@ -45,12 +46,15 @@ def gguf_path() -> Path:
     return path
 
 
-def load(name: str = OFFLINE_MODEL, dtype=None, device: str = "cpu"):
-    """Return (transformers model in eval mode, tokenizer) for a known model name or a hub id."""
+def load(name: str = OFFLINE_MODEL, dtype=None, device: str | None = None):
+    """Return (transformers model in eval mode, tokenizer) for a known model name or a hub id.
+
+    `device` defaults to `memwall.devices.default_device()`, the device `measure()` measures."""
     _require_engine()
     import torch
 
     dtype = dtype or torch.float32
+    device = device or default_device()
     if name == OFFLINE_MODEL:
         folder = _converted_offline_model()
     elif name in HUB_MODELS or "/" in name:
@@ -141,7 +145,7 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 
-def random_init(spec, dtype=None, device: str = "cpu", seed: int = 0):
+def random_init(spec, dtype=None, device: str | None = None, seed: int = 0):
     """A transformers Llama model with the shape of `spec` and random weights (for speed studies).
 
     Built directly on `device`, so an 8B-parameter model never passes through CPU memory on a GPU box.
@@ -169,6 +173,7 @@ def random_init(spec, dtype=None, device: str = "cpu", seed: int = 0):
         rope_theta=getattr(spec, "rope_theta", 10000.0),
     )
     dtype = dtype or torch.float32
+    device = device or default_device()
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

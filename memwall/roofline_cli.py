@@ -38,8 +38,10 @@ def _usable_device(name: str | None):
     """`name` as a torch device this torch can use, else a ValueError naming what it can use."""
     import torch
 
-    if name is None:
-        return None
+    if (
+        name is None
+    ):  # the command prefers a GPU when there is one (the library defaults to the CPU)
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -128,7 +130,7 @@ def run_calc(args) -> int:
     hardware = args.hardware
     if hardware.strip().lower() == MEASURED_NAME:
         require_extra("engine", f"--hardware {MEASURED_NAME} (measuring this machine)")
-        hardware = measure(quick=args.quick).as_hardware()
+        hardware = measure(_usable_device(None), quick=args.quick).as_hardware()
     hardware = get_hardware(hardware)
     result = cost.calc(
         args.model,
