@@ -41,14 +41,14 @@ def main() -> None:
     )
     print(
         f"{'prefill':>8} {'TPOT before':>12} {'TPOT during':>12} {'largest gap':>12} "
-        f"{'tokens during':>14} {'long TTFT':>10}"
+        f"{'tokens during':>14} {'long TTFT':>10} {'engine steps during':>20}"
     )
     for run in result["runs"]:
         chunk = run["prefill_chunk"] or "whole"
         print(
             f"{chunk:>8} {run['tpot_before_ms']:>9.1f} ms {run['tpot_during_ms']:>9.1f} ms "
             f"{run['max_gap_during_ms']:>9.1f} ms {run['stream_tokens_during_prefill']:>14.1f} "
-            f"{run['long_ttft_ms']:>7.0f} ms"
+            f"{run['long_ttft_ms']:>7.0f} ms {run['engine_steps_during_prefill']:>20.0f}"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

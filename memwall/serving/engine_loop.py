@@ -16,6 +16,7 @@ import itertools
 import queue
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 
 from memwall.engine.sampling import Sampling
@@ -63,6 +64,8 @@ class EngineLoop:
         self._aborts: list[int] = []
         self._tickets: dict[int, Ticket] = {}  # touched by the engine thread only
         self._scheduler_waiting = 0  # len(scheduler.waiting) after the last step
+        # The last requests that finished (not aborted), with their step counts, for studies.
+        self.finished = deque(maxlen=256)
         self._closing = False
         self.failures = 0  # steps that raised (their requests got an error event)
         self._thread = threading.Thread(target=self._run, name="memwall-engine", daemon=True)
@@ -134,6 +137,7 @@ class EngineLoop:
                 aborts, self._aborts = self._aborts, []
             for request, ticket in inbox:
                 try:
+                    request.arrival_step = scheduler.step_index  # it joins at this step
                     scheduler.submit(request)
                     self._tickets[ticket.request_id] = ticket
                 except ValueError as error:
@@ -156,9 +160,10 @@ class EngineLoop:
         ticket = self._tickets.get(result.request_id)
         if ticket is None:
             return
-        ticket.events.put((token, finish_reason))
         if finish_reason is not None:
+            self.finished.append(result)  # before the client can hear that it finished
             del self._tickets[result.request_id]
+        ticket.events.put((token, finish_reason))
 
     def _fail_everything(self, message: str) -> None:
         self.failures += 1

@@ -10,7 +10,10 @@ grows a little (Agrawal et al. 2024, "Sarathi-Serve").
 `measure_interference(engine, tokenizer)` starts a server per setting on 127.0.0.1, runs the
 streams and the long prompt, and reports per setting: the streams' median TPOT before the long
 prompt, their median and largest gap while it was being prefilled, how many tokens they got in
-that window, and the long request's TTFT. Settings alternate across repeats; values are medians.
+that window (as the clients saw them), the long request's TTFT, and the engine's own count of the
+steps that decoded the streams while the long prompt was being prefilled (0 for a whole prefill:
+the exact, load-independent view of the same thing). Settings alternate across repeats; values
+are medians.
 """
 
 from __future__ import annotations
@@ -92,15 +95,21 @@ def one_run(engine, tokenizer, prefill_chunk, prompt_ids, streams, warmup_tokens
         long.start()
         _wait(lambda: long.times, timeout_s, [*clients, long])
         first_token = long.times[0]
+        answered = server.loop.finished[-1]  # the long request: nothing else has finished
+        steps = answered.first_token_step - answered.arrival_step
         _wait(lambda: all(c.times[-1] > first_token for c in clients), timeout_s, clients)
     finally:
         for client in clients:
             client.close()
         server.shutdown()
-    return _summarize(clients, arrival, first_token, prefill_chunk)
+    return {
+        "prefill_chunk": prefill_chunk,
+        **_summarize(clients, arrival, first_token),
+        "engine_steps_during_prefill": steps,
+    }
 
 
-def _summarize(clients, arrival, first_token, prefill_chunk) -> dict:
+def _summarize(clients, arrival, first_token) -> dict:
     before, during, tokens_during = [], [], 0
     for client in clients:
         for previous, this in zip(client.times, client.times[1:]):
@@ -110,7 +119,6 @@ def _summarize(clients, arrival, first_token, prefill_chunk) -> dict:
                 during.append(this - previous)
         tokens_during += sum(arrival < t <= first_token for t in client.times)
     return {
-        "prefill_chunk": prefill_chunk,
         "tpot_before_ms": statistics.median(before) * 1e3,
         "tpot_during_ms": statistics.median(during) * 1e3,
         "max_gap_during_ms": max(during) * 1e3,
