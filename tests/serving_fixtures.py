@@ -53,3 +53,20 @@ def wait_until_idle(server, timeout_s=10.0) -> dict:
         if (stats["running"] == 0 and stats["waiting"] == 0) or time.monotonic() > deadline:
             return stats
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def patched_step(server, before_step):
+    """Run `before_step()` ahead of every engine step (to slow or hold the engine in a test)."""
+    scheduler = server.loop.scheduler
+    step = scheduler.step
+
+    def wrapped():
+        before_step()
+        return step()
+
+    scheduler.step = wrapped
+    try:
+        yield
+    finally:
+        del scheduler.step  # back to the class's method
