@@ -1,5 +1,6 @@
 """`memwall serve` driven by the official `openai` client, on a tiny random-weight model (loopback)."""
 
+import copy
 import http.client
 import json
 import threading
@@ -8,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+import torch
 from serving_fixtures import ByteTokenizer, base_url, patched_step, tiny_server, wait_until_idle
 
 from memwall.engine import generate
