@@ -286,3 +286,16 @@ def test_serves_on_a_gpu_unchanged(tiny_engine):
             model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1
         )
     assert text.choices[0].text == expected and sampled.usage.completion_tokens == 8
+
+
+def test_per_step_records_stay_bounded(tiny_engine, monkeypatch):
+    from memwall.serving import engine_loop
+
+    monkeypatch.setattr(engine_loop, "HISTORY_STEPS", 10)
+    with tiny_server(tiny_engine) as server:
+        client = openai.OpenAI(base_url=base_url(server), api_key="-", max_retries=0)
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0)
+        scheduler = server.loop.scheduler
+        # (the last step may not have been trimmed yet when the answer arrives)
+        assert scheduler.step_index >= 30 and 5 <= len(scheduler.step_times_s) <= 11
+        assert len(scheduler.memory) == len(scheduler.step_times_s)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from memwall.engine.sampling import Sampling
 from memwall.engine.scheduler import Request, Scheduler
 
+HISTORY_STEPS = 100_000  # per-step records kept, so a server that runs for days stays small
+
 
 class QueueFull(RuntimeError):
     """Every batch place is taken and the waiting queue is full: try again later."""
@@ -152,9 +154,21 @@ class EngineLoop:
                     self._fail_everything(traceback.format_exc(limit=3))
             with self._wake:
                 self._scheduler_waiting = len(scheduler.waiting)
+            self._trim_history()
         for _, ticket in self._inbox:
             ticket.events.put(("error", "the server shut down"))
         self._fail_everything("the server shut down")
+
+    def _trim_history(self) -> None:
+        scheduler = self.scheduler
+        for record in (
+            scheduler.batch_sizes,
+            scheduler.step_times_s,
+            scheduler.memory,
+            scheduler.reserved_if_contiguous,
+        ):
+            if len(record) > HISTORY_STEPS:
+                del record[: len(record) - HISTORY_STEPS // 2]
 
     def _on_token(self, result, token, finish_reason) -> None:
         ticket = self._tickets.get(result.request_id)
