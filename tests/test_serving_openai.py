@@ -297,5 +297,5 @@ def test_per_step_records_stay_bounded(tiny_engine, monkeypatch):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0)
         scheduler = server.loop.scheduler
         # (the last step may not have been trimmed yet when the answer arrives)
-        assert scheduler.step_index >= 30 and 5 <= len(scheduler.step_times_s) <= 11
+        assert scheduler.step_index >= 25 and 5 <= len(scheduler.step_times_s) <= 11
         assert len(scheduler.memory) == len(scheduler.step_times_s)
