@@ -364,3 +364,32 @@ def test_cli_prints_the_spread_warning_once_on_stderr(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "disagreed" not in captured.out
     assert captured.err.count("probes disagreed by 1.7x") == 1
+
+
+def test_a_given_engine_is_timed_and_left_as_it_was(tiny_hf, monkeypatch):
+    from memwall.engine import Transformer
+    from memwall.engine import model as engine_model
+
+    engine = Transformer.from_hf(tiny_hf)
+    before = {name: tensor.clone() for name, tensor in engine.state_dict().items()}
+    monkeypatch.setattr(  # no second copy of the weights may be built
+        engine_model.Transformer,
+        "from_hf",
+        classmethod(lambda cls, hf: pytest.fail("bench_decode copied the weights")),
+    )
+    result = bench_decode(
+        tiny_hf,
+        "memwall",
+        prompt_tokens=3,
+        new_tokens=3,
+        repeats=1,
+        warmup=0,
+        bandwidth=FAKE_BANDWIDTH,
+        progress=False,
+        memwall_model=engine,
+        quant="int8",
+    )
+    assert result["tok_per_s"] > 0
+    after = engine.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[name], after[name]) for name in before)

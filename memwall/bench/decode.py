@@ -51,6 +51,7 @@ def bench_decode(
     peak_flops: float | None = None,
     probe=None,
     fast: str = "off",
+    memwall_model=None,
 ) -> dict:
     """Time batch-1 greedy decode and return a dict of medians and roofline figures.
 
@@ -67,6 +68,8 @@ def bench_decode(
         ["none", "int8", "int4"] times each format side by side, interleaved, in one process (engine
         "memwall" only): one sub-dict per format ("memwall", "memwall-int8", "memwall-int4-g32")
         and `tok_per_s_over_first`, each format's tokens/s over the first one's.
+    memwall_model: an engine already built from `model` (e.g. `shared_engine(model)`), timed
+        instead of a fresh copy, so a notebook does not hold the weights twice.
     fast: "on" times memwall's fast batch-1 decode path (`memwall.engine.cpu.fast_decode`, on a
         CPU) instead of the readable engine; "both" times the two side by side ("...-fast" labels).
     """
@@ -109,7 +112,8 @@ def bench_decode(
         from memwall.engine import Transformer
         from memwall.engine.quant import quantize
 
-        base = Transformer.from_hf(hf_model)
+        base = memwall_model if memwall_model is not None else Transformer.from_hf(hf_model)
+        in_place = not side_by_side and memwall_model is None  # never change the caller's engine
         for q in quants:
             label = (
                 "memwall"
@@ -118,9 +122,7 @@ def bench_decode(
             )
             # One format: quantize in place, so a large model is never held twice.
             variant = (
-                base
-                if q is None
-                else quantize(base, q, group_size=group_size, inplace=not side_by_side)
+                base if q is None else quantize(base, q, group_size=group_size, inplace=in_place)
             )
             for wrapped in wrappers:
                 timed, tag = variant, label + ("-fast" if wrapped and fast == "both" else "")
