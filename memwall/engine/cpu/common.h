@@ -233,10 +233,13 @@ int int4_blocked_linear_many(const float *x, const uint8_t *packed, const uint16
         for (long o = 0; o < out; o += block) {
             if (chunk == NULL) { failed = 1; continue; }
             const uint8_t *bytes = packed + o * (in / 2);
-            for (long k = 0; k < in; k++)
-                for (long j = 0; j < block / 2; j++) {
-                    chunk[j * in + k] = (float)(bytes[k * (block / 2) + j] & 15);
-                    chunk[(j + block / 2) * in + k] = (float)(bytes[k * (block / 2) + j] >> 4);
+            /* Row by row, so the writes are contiguous: writing a column at a time strides by
+             * `in` floats, which for in = 1536 maps every row onto the same few cache sets. */
+            for (long j = 0; j < block / 2; j++)
+                for (long k = 0; k < in; k++) {
+                    uint8_t byte = bytes[k * (block / 2) + j];
+                    chunk[j * in + k] = (float)(byte & 15);
+                    chunk[(j + block / 2) * in + k] = (float)(byte >> 4);
                 }
             for (long j = 0; j < block; j++)
                 for (long g = 0; g < in / group; g++) {
