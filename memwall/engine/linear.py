@@ -12,7 +12,9 @@ FLOP/s unused (chapter 6). Two fixes, both splitting W into one slab of output r
   share of the weights, and the slabs' outputs are simply stacked.
 
 W keeps the usual [out, in] layout (the slabs are a view). For many rows (prefill) `F.linear` is
-used, and on a GPU it always is.
+the usual winner, and on a GPU it is always used. Which of "c", "bmm" and "linear" a layer takes
+for a given number of rows is measured once per machine (`engine/cpu/paths.py`): machines
+disagree about it. `run(path, x)` computes through one named path.
 """
 
 from __future__ import annotations

@@ -12,16 +12,21 @@ point and each weight is turned back into a float ("dequantized") inside the mat
   al. 2022, Lin et al. 2023, but choose the codes more cleverly than the round-to-nearest used here).
   Half a byte per weight plus 4 bytes per group: exactly `memwall.cost`'s "int4-g<group_size>".
 
-Three paths compute the matmul, all dequantizing on the fly except the last:
-- for a few fp32 activation rows on an AVX2 CPU (decode), memwall's own C kernels
-  (`cpu_kernels.c`), which read the packed weights and turn them into floats in registers;
-- otherwise on CPU, PyTorch's packed kernels (`aten._weight_int8pack_mm`,
+Four paths compute the matmul, all dequantizing on the fly except the last; which one a layer
+takes for a given number of rows is measured once per machine (`engine/cpu/paths.py`):
+- "c": memwall's own C kernels (`cpu_kernels.c` and `engine/cpu/`), for fp32 activations on a
+  CPU: they read the packed weights and turn them into floats in registers;
+- "c_many": for many rows, the same kernels convert a chunk of weight rows to floats in cache once
+  and multiply every row by it (prefill without a dequantized copy of the model);
+- "torch": PyTorch's packed kernels (`aten._weight_int8pack_mm`,
   `aten._weight_int4pack_mm_for_cpu`). They take bf16 activations (the int8 one has a fast path
   only for bf16), so the layers round the activations to bf16 on the way in and back on the way
-  out. On the course CPU they are compute-bound: they read their bytes at half the rate of
-  memwall's kernels or less (chapter 7);
-- `reference_forward`: dequantize the whole matrix, then `F.linear`. Used where no kernel applies
-  (GPU, many rows with memwall's int4 layout), and the tests check both kernels against it.
+  out. On the course's AVX2 CPU they were compute-bound, reading their bytes at half the rate of
+  memwall's kernels or less (chapter 7); on an AVX-512 CPU the int4 one is close to memwall's;
+- "dequant" (`reference_forward`): dequantize the whole matrix, then `F.linear`. Used where no
+  kernel applies (a GPU), and the tests check every kernel against it.
+int4 codes are stored in PyTorch's CPU kernel layout wherever that kernel exists, since memwall's
+kernels read it too; elsewhere in the plain `pack_int4` layout.
 """
 
 from __future__ import annotations
