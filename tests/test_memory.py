@@ -1,6 +1,7 @@
 """Memory a chapter needs: one copy of the weights, a bandwidth test sized to the machine, and
 the helpers that report RSS (the book's memory test uses `notebook_peak_rss`)."""
 
+import copy
 import json
 
 import pytest
@@ -150,3 +151,18 @@ def test_notebook_peak_rss_sees_what_the_kernel_allocated(tmp_path):
     failing = memory.notebook_peak_rss(myst, timeout=120)  # its cell ran, and raised
     assert not failing["ok"] and "ZeroDivisionError" in failing["error"]
     assert json.dumps(failing)  # plain values, for a report
+
+
+def test_a_cast_copy_converts_each_tensor_and_keeps_ties(tiny_engine):
+    from memwall.engine import cast_copy
+
+    half = cast_copy(tiny_engine, torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in tiny_engine.parameters()} == {torch.float32}  # the original stays
+    reference = copy.deepcopy(tiny_engine).to(torch.bfloat16)
+    for (name, mine), (_, theirs) in zip(half.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(mine, theirs), name
+    if tiny_engine.lm_head.weight is tiny_engine.embed.weight:
+        assert half.lm_head.weight is half.embed.weight
+    tokens = torch.tensor([[1, 2, 3]])
+    assert torch.allclose(half(tokens).float(), reference(tokens).float())

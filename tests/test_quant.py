@@ -304,3 +304,12 @@ def test_bench_decode_quant_option(tiny_hf):
             bench_decode(tiny_hf, "memwall", quant=bad, **kwargs)
     with pytest.raises(ValueError, match="side by side"):
         bench_decode(tiny_hf, "compare", quant="none,int8", **kwargs)
+
+
+def test_a_quantized_copy_shares_the_tensors_it_keeps(tiny_engine):
+    quantized = quantize(tiny_engine, "int8", inplace=False)
+    assert quantized.embed.weight.data_ptr() == tiny_engine.embed.weight.data_ptr()
+    assert quantized.norm.weight.data_ptr() == tiny_engine.norm.weight.data_ptr()
+    assert isinstance(tiny_engine.blocks[0].attn.qkv, Linear)  # the original is untouched
+    tokens = torch.tensor([[1, 2, 3]])
+    assert torch.isfinite(quantized(tokens)).all() and torch.isfinite(tiny_engine(tokens)).all()

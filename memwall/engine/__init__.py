@@ -8,13 +8,14 @@ from memwall.engine.kv_cache import KVCache  # noqa: E402
 from memwall.engine.model import Transformer, causal_mask  # noqa: E402
 from memwall.engine.phases import Generation, decode_step, generate, prefill  # noqa: E402
 from memwall.engine.sampling import Sampling, probabilities, sample  # noqa: E402
-from memwall.engine.sharing import share_weights, shared_engine  # noqa: E402
+from memwall.engine.sharing import cast_copy, share_weights, shared_engine  # noqa: E402
 
 __all__ = [
     "Generation",
     "KVCache",
     "Sampling",
     "Transformer",
+    "cast_copy",
     "causal_mask",
     "decode_step",
     "generate",

@@ -374,21 +374,23 @@ def quantize(
                 raise ValueError(f"{name}: {error}") from None
     target = model
     if not inplace:
-        # Copy everything but the float weights about to be replaced (they would be thrown away),
-        # except a weight that a module we keep also uses (a head tied to the embedding table).
+        # A new module tree over the same tensors: the float weights about to be replaced are not
+        # copied (they would be thrown away), and the ones kept (embedding, norms, a head tied to
+        # the embedding) are shared with `model`, as memwall never writes weights in place. A
+        # notebook can then hold several formats of one model without a copy of its embedding each.
         replaced = {id(module) for module, _ in plan.values()}
         kept = {
-            id(p)
+            id(t): t
             for m in model.modules()
             if id(m) not in replaced
-            for p in m.parameters(recurse=False)
+            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
         }
         skip = {
             id(module.weight): torch.empty(0)
             for module, _ in plan.values()
             if id(module.weight) not in kept
         }
-        target = copy.deepcopy(model, memo=skip)
+        target = copy.deepcopy(model, memo={**skip, **kept})
     for name, (old, chosen) in plan.items():
         bias = None if old.bias is None else old.bias.detach()
         with torch.no_grad():

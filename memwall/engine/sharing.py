@@ -20,6 +20,7 @@ build new modules).
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 from pathlib import Path
@@ -171,3 +172,18 @@ def shared_engine(hf_model: nn.Module):
     engine = Transformer.from_hf(hf_model)
     share_weights(engine, hf_model)
     return engine
+
+
+def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of `model` with every float tensor in `dtype`, converted tensor by tensor.
+
+    `copy.deepcopy(model).to(dtype)` would first hold a second full-precision copy (538 MB more
+    for SmolLM2-135M in fp32); here each tensor is converted straight into the copy, and a tensor
+    two modules share (a tied head) stays shared."""
+    converted = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.is_floating_point() and id(tensor) not in converted:
+            new = tensor.detach().to(dtype)
+            is_parameter = isinstance(tensor, nn.Parameter)
+            converted[id(tensor)] = nn.Parameter(new, requires_grad=False) if is_parameter else new
+    return copy.deepcopy(model, memo=converted)
