@@ -22,15 +22,16 @@ REPO = Path(__file__).resolve().parents[1]
 LIMIT_BYTES = 1.5e9
 
 
-def kernel_peak_bytes(client) -> int:
+def kernel_peak_bytes(client, field: str = "VmHWM") -> int:
+    """The kernel's high-water mark (VmHWM) or current resident set (VmRSS), from /proc."""
     pid = client.km.provisioner.process.pid
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM line: this script needs Linux's /proc")
+    raise RuntimeError(f"no {field} line: this script needs Linux's /proc")
 
 
-def run_chapter(path: Path, timeout: int) -> dict:
+def run_chapter(path: Path, timeout: int, by_cell: bool = False) -> dict:
     nb = nbformat.read(str(path), as_version=4)
     client = nbclient.NotebookClient(
         nb,
@@ -40,8 +41,18 @@ def run_chapter(path: Path, timeout: int) -> dict:
     )
     started = time.monotonic()
     with client.setup_kernel():
+        peak = 0
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index)
+            if by_cell and cell.cell_type == "code":
+                new_peak = kernel_peak_bytes(client)
+                if new_peak > peak + 50e6:  # the cells that raised the high-water mark
+                    first_line = cell.source.strip().splitlines()[0][:60] if cell.source else ""
+                    print(
+                        f"  cell {index:>3}: peak {new_peak / 1e9:.2f} GB, now "
+                        f"{kernel_peak_bytes(client, 'VmRSS') / 1e9:.2f} GB  {first_line}"
+                    )
+                peak = new_peak
         peak = kernel_peak_bytes(client)
     return {"chapter": path.stem, "peak_rss_bytes": peak, "seconds": time.monotonic() - started}
 
@@ -51,13 +62,16 @@ def main(argv=None) -> int:
     parser.add_argument("prefixes", nargs="*", help="chapter name prefixes (default: all)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument(
+        "--cells", action="store_true", help="name each cell that raised the peak by 50 MB or more"
+    )
     args = parser.parse_args(argv)
     chapters = sorted((REPO / "chapters").glob("*.ipynb"))
     if args.prefixes:
         chapters = [p for p in chapters if any(p.name.startswith(x) for x in args.prefixes)]
     results = []
     for path in chapters:
-        result = run_chapter(path, args.timeout)
+        result = run_chapter(path, args.timeout, by_cell=args.cells)
         results.append(result)
         verdict = "ok" if result["peak_rss_bytes"] < LIMIT_BYTES else "OVER the 1.5 GB target"
         print(

@@ -27,6 +27,7 @@ import torch
 from memwall.validate import count
 
 DEFAULT_WINDOW = 1024
+ROWS_PER_CHUNK = 128
 EVAL_TEXT = "eval_text.txt"
 
 
@@ -84,11 +85,15 @@ def score(model, token_ids, window: int = DEFAULT_WINDOW, stride: int | None = N
         end = min(begin + window, len(ids))
         logits = _logits(model, ids[begin:end].to(device)[None])[0]
         last = min(end, len(ids) - 1)  # the logits at position end - 1 predict token `end`
-        rows = logits[scored - 1 - begin : last - begin].float()
+        rows = logits[scored - 1 - begin : last - begin]
         targets = ids[scored : last + 1].to(rows.device)
-        log_probs = torch.log_softmax(rows, dim=-1)
-        nll.append(-log_probs.gather(1, targets[:, None])[:, 0].double().cpu())
-        predictions.append(rows.argmax(-1).cpu())
+        # A few rows at a time: log-probabilities over the whole window would be another copy of
+        # its logits (200 MB for 1,024 tokens of a 49k vocabulary), too much for a small notebook.
+        for chunk, chunk_targets in zip(rows.split(ROWS_PER_CHUNK), targets.split(ROWS_PER_CHUNK)):
+            log_probs = torch.log_softmax(chunk.float(), dim=-1)
+            nll.append(-log_probs.gather(1, chunk_targets[:, None])[:, 0].double().cpu())
+            predictions.append(chunk.argmax(-1).cpu())
+        del logits, rows
         scored, begin = last + 1, begin + stride
     return Score(torch.cat(nll), torch.cat(predictions), ids[1:].clone())
 
