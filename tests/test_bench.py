@@ -292,10 +292,12 @@ def test_ceiling_is_the_lower_of_memory_and_compute_roofs(tiny_hf):
 def test_real_probe_reads_above_the_cache():
     from memwall.fingerprint import last_level_cache_bytes
 
-    assert harness_probe.probe_working_set_bytes(32 * 2**20, 24 * 2**30) == 256 * 2**20
-    assert harness_probe.probe_working_set_bytes(260 * 2**20, 64 * 2**30) == 8 * 260 * 2**20
+    assert harness_probe.probe_working_set_bytes(16 * 2**20, 24 * 2**30) == 128 * 2**20
+    assert harness_probe.probe_working_set_bytes(260 * 2**20, 64 * 2**30) == 4 * 260 * 2**20
     # Little free memory (Binder): an eighth of it, but never below 4x the cache.
-    assert harness_probe.probe_working_set_bytes(32 * 2**20, 1 * 2**30) == 128 * 2**20
+    assert harness_probe.probe_working_set_bytes(64 * 2**20, 2 * 2**30) == 256 * 2**20
+    assert harness_probe.probe_working_set_bytes(64 * 2**20, 1 * 2**30) == 256 * 2**20
+    assert harness_probe.probe_working_set_bytes(16 * 2**20, 512 * 2**20) == 64 * 2**20
     probe = harness_probe.RooflineProbe("cpu", working_set_bytes=64 * 2**20, reads=1)
     assert probe() > 1e8 and len(probe.samples) == 1
     probe.close()

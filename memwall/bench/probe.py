@@ -22,7 +22,7 @@ import torch
 from memwall.fingerprint import available_memory_bytes, last_level_cache_bytes
 
 UNSTABLE_SPREAD = 1.2  # max/min of the probes above which a result gets a warning
-MIN_WORKING_SET = 256 * 2**20
+MIN_WORKING_SET = 128 * 2**20  # with 4x the LLC: small enough to sit beside a model on Binder
 
 
 class RooflineSpreadWarning(UserWarning):
@@ -30,10 +30,11 @@ class RooflineSpreadWarning(UserWarning):
 
 
 def probe_working_set_bytes(llc_bytes: int | None = None, available: int | None = None) -> int:
-    """8x the last-level cache and at least 256 MiB, but at most an eighth of the free memory."""
+    """4x the last-level cache and at least 128 MiB (far enough above the cache that a stream
+    finds nothing of itself there), but at most an eighth of the free memory."""
     llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
     free = available_memory_bytes() if available is None else available
-    wanted = max(8 * llc, MIN_WORKING_SET)
+    wanted = max(4 * llc, MIN_WORKING_SET)
     if free:
         wanted = min(wanted, free // 8)
     return max(wanted, 4 * llc, 16 * 2**20) // 4 * 4  # whole fp32 elements
