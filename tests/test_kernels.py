@@ -210,16 +210,18 @@ def test_the_build_retries_without_openmp_and_keys_on_the_compiler(monkeypatch, 
     assert build.build("portable") != first  # a new compiler version builds afresh
 
 
-def test_build_kernels_command_reports_each_variant(capsys):
+def test_build_kernels_command_reports_each_variant(capsys, monkeypatch, tmp_path):
     import json
 
     from memwall.cli import main
 
-    code = main(["build-kernels", "--json"])
+    monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))
+    code = main(["build-kernels", "--json", "--forget-paths"])
     report = json.loads(capsys.readouterr().out)
     assert set(report["variants"]) == {"avx512", "avx2", "portable"}
     assert report["in_use"] == cpu_kernels.variant()
     assert code == (0 if cpu_kernels.library() is not None else 1)
+    assert report["forgot_paths"].startswith(str(tmp_path))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -2,7 +2,7 @@
 
 A reader's first forward pass then finds them built (Binder's postBuild runs this), instead of
 waiting for the compiler. Prints each variant's library, or why it did not build, and which one
-the engine uses here.
+the engine uses here. --forget-paths drops the kernel-path choices measured on this machine.
 """
 
 from __future__ import annotations
@@ -14,6 +14,12 @@ def register_cli(subparsers) -> None:
     parser = subparsers.add_parser(
         "build-kernels", help="compile memwall's C kernels for this CPU ahead of time"
     )
+    parser.add_argument(
+        "--forget-paths",
+        action="store_true",
+        help="drop this machine's measured kernel-path choices (the next model use measures again, "
+        "e.g. after a run on a busy machine)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run_build_kernels)
 
@@ -23,6 +29,11 @@ def run_build_kernels(args) -> int:
     from memwall.engine.cpu import build
 
     report = {"variants": build.build_all(), "in_use": cpu_kernels.variant()}
+    if args.forget_paths:
+        from memwall.engine.cpu import paths
+
+        paths.forget()
+        report["forgot_paths"] = str(paths.cache_file())
     report["unavailable_reason"] = cpu_kernels.unavailable_reason()
     if args.json:
         print(json.dumps(report, indent=2))
