@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 
+from memwall.fingerprint import machine_fingerprint
 from memwall.grading import grade, make_student_copy
 from memwall.grading.sandbox import bwrap_path
 from memwall.grading.sync import notebooks_in, read_notebook
@@ -92,7 +93,7 @@ def main():
         "sandboxed_s": times[True], "unsandboxed_s": times[False],
         "median_sandboxed_s": sandboxed, "median_unsandboxed_s": plain,
         "sandbox_over_plain": sandboxed / plain,
-        "cpus": os.cpu_count(), "machine": platform.platform(),
+        "cpus": os.cpu_count(), "platform": platform.platform(), "machine": machine_fingerprint(),
         "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
     }  # fmt: skip
     out = REPO / "benchmarks" / "results" / f"grade_30_{args.chapter}.json"
