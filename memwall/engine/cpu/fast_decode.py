@@ -138,8 +138,8 @@ class FastDecoder(nn.Module):
 
     @torch.inference_mode()
     def _step(self, token: int, cache: KVCache) -> torch.Tensor:
-        if self._plans is None:
-            self._build()
+        if self._plans is None or self._plans[1] != torch.get_num_threads():
+            self._build()  # first step, or the thread count changed since
         lib, threads, buf, layers, head = self._plans
         m = self.model
         heads, kv_heads, head_dim = m.n_heads, m.n_kv_heads, m.head_dim
@@ -193,5 +193,7 @@ class FastDecoder(nn.Module):
 
 
 def accelerate(model: nn.Module) -> FastDecoder:
-    """`model` wrapped so that batch-1 decode steps skip PyTorch's per-operation overhead."""
+    """`model` wrapped so that batch-1 decode steps skip PyTorch's per-operation overhead.
+
+    Wrap the model as it will run (after `quantize`): the first step binds its layers' buffers."""
     return FastDecoder(model)
