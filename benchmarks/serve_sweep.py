@@ -123,7 +123,14 @@ def main() -> int:
             f"c=8 / bench batch B=8 = {memwall_runs[8] / batch_tok_s[8]:.0%} (>= 70%)"
         )
     if args.out:
-        record = {"servers": results, "bench_batch": batch, "max_tokens": args.max_tokens}
+        from memwall.fingerprint import machine_fingerprint
+
+        record = {
+            "servers": results,
+            "bench_batch": batch,
+            "max_tokens": args.max_tokens,
+            "machine": machine_fingerprint(),
+        }
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 

@@ -94,7 +94,11 @@ def run_cli(args) -> int:
     )
     all_ok = all(r["succeeded"] == r["requests"] > 0 for r in runs)
     if args.json:
-        print(json.dumps({"runs": runs, "frontier": frontier_rows(runs)}, indent=2))
+        # The client's machine: the server's too when it runs locally.
+        from memwall.fingerprint import machine_fingerprint
+
+        record = {"runs": runs, "frontier": frontier_rows(runs), "machine": machine_fingerprint()}
+        print(json.dumps(record, indent=2))
         return 0 if all_ok else 1
     first = runs[0]
     arrivals = f"Poisson {first['request_rate']}/s" if first["request_rate"] else "closed loop"
