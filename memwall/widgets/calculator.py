@@ -133,7 +133,9 @@ def displayed(f: dict) -> dict[str, str]:
         "tokens_per_s_per_user": format_number(f["tokens_per_s_per_user"]),
         "tokens_per_s_total": format_number(f["tokens_per_s_total"]),
         "step_time": f"{format_number(f['step_time_s'] * 1000)} ms",
-        "bound": f["bound"],
+        "bound": f["bound"]
+        if f["bound"] != "mixed"
+        else f"matmuls: {f['matmul_bound']}, attention: {f['attention_bound']}",
     }
 
 

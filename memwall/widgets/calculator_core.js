@@ -270,7 +270,8 @@ var MemwallCalc = (function () {
       tokens_per_s_per_user: formatNumber(f.tokens_per_s_per_user),
       tokens_per_s_total: formatNumber(f.tokens_per_s_total),
       step_time: formatNumber(f.step_time_s * 1000) + " ms",
-      bound: f.bound
+      bound: f.bound !== "mixed" ? f.bound
+                                 : "matmuls: " + f.matmul_bound + ", attention: " + f.attention_bound
     };
   }
 
