@@ -28,7 +28,7 @@ from pathlib import Path
 
 ENGINE_DIR = Path(__file__).resolve().parent.parent
 CPU_DIR = ENGINE_DIR / "cpu"
-COMMON_HEADER = CPU_DIR / "common.h"
+HEADERS = (CPU_DIR / "common.h", CPU_DIR / "decode_ops.h")  # included by every variant
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-lm"]
 OPENMP_FLAGS = ["-fopenmp"]
 AVX2, AVX512 = 1, 2  # bits of memwall_cpu_features()
@@ -71,7 +71,8 @@ def source_hash() -> str:
     digest = hashlib.sha256()
     for source, _, _ in VARIANTS.values():
         digest.update(source.read_bytes())
-    digest.update(COMMON_HEADER.read_bytes())
+    for header in HEADERS:
+        digest.update(header.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -79,7 +80,7 @@ def _target(name: str, cc: str, flags: list[str]) -> Path:
     from memwall.paths import cache_dir
 
     source = VARIANTS[name][0]
-    key = source.read_bytes() + COMMON_HEADER.read_bytes()
+    key = source.read_bytes() + b"".join(header.read_bytes() for header in HEADERS)
     key += " ".join([compiler_version(cc), platform.machine(), *flags]).encode()
     return cache_dir() / "kernels" / f"{name}-{hashlib.sha256(key).hexdigest()[:16]}.so"
 
