@@ -111,6 +111,9 @@ class Sandbox:
         args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         for path in SYSTEM_PATHS:
             args += ["--ro-bind-try", path, path]
+        # The private /tmp first: a venv or checkout that lives under /tmp (as in a CI clone)
+        # is then bound on top of it, instead of being hidden by it.
+        args += ["--bind", str(scratch / "tmp"), "/tmp"]
         for path in _python_paths() + list(self.read_only_paths):
             args += ["--ro-bind-try", path, path]
         package = str(package_dir())
@@ -120,7 +123,6 @@ class Sandbox:
         for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU, for chapters that use one
             args += ["--dev-bind-try", str(device), str(device)]
         args += ["--bind", str(scratch), INSIDE_SCRATCH]
-        args += ["--bind", str(scratch / "tmp"), "/tmp"]
         args += ["--ro-bind", str(channel_dir), INSIDE_CHANNEL, "--chdir", INSIDE_SCRATCH]
         return self._limited(args + ["--", *inner])
 
