@@ -8,19 +8,6 @@ from memwall.engine import decode_step, prefill
 from memwall.engine.kv_quant import KVCacheInt8, quantize_per_vector
 from memwall.specs import ModelSpec
 
-TINY_SPEC = ModelSpec(
-    name="tiny",
-    n_layers=3,
-    d_model=64,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=16,
-    d_ff=160,
-    vocab_size=256,
-    tied_embeddings=True,
-    max_context=256,
-)
-
 
 def test_per_vector_error_is_at_most_half_a_step():
     x = torch.randn(2, 3, 5, 64, generator=torch.Generator().manual_seed(0)) * 4
@@ -29,10 +16,12 @@ def test_per_vector_error_is_at_most_half_a_step():
     assert ((codes.float() * scales - x).abs() <= scales / 2 * (1 + 1e-5)).all()
 
 
-def test_bytes_match_the_cost_model(tiny_engine):
+def test_bytes_match_the_cost_model(tiny_hf, tiny_engine):
     cache = KVCacheInt8.for_model(tiny_engine, batch=3, max_tokens=100)
     # One fp32 scale per head_dim numbers: the cost model's group-wise "int8-g16" for head_dim 16.
-    assert cache.nbytes == cost.kv_cache_bytes(TINY_SPEC, 100, batch=3, kv_dtype="int8-g16")
+    assert cache.nbytes == cost.kv_cache_bytes(
+        ModelSpec.from_hf_config(tiny_hf.config), 100, batch=3, kv_dtype="int8-g16"
+    )
     fp32 = tiny_engine.new_cache(batch=3, max_tokens=100)
     assert cache.nbytes / fp32.nbytes == pytest.approx((1 + 4 / 16) / 4)
 

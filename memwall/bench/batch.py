@@ -151,14 +151,9 @@ def bench_batch(
         b: (lambda b=b: time_decode_steps(engine_model, b, context, new_tokens, seed=b))
         for b in batches
     }
-    try:
-        samples = harness.run_interleaved(
-            runs, repeats, warmup, f"batch {name}", progress, probe=probe
-        )
-    finally:
-        if hasattr(probe, "close"):
-            probe.close()
-    probes = [s["probe_bandwidth"] for b in batches for s in samples[b] if "probe_bandwidth" in s]
+    samples, probes = harness.run_with_probe(
+        runs, repeats, warmup, f"batch {name}", progress, probe
+    )
     if probes:  # predict with the bandwidth of this run, not of an earlier one
         hardware = dataclasses.replace(hardware, memory_bandwidth=statistics.median(probes))
     weight_bytes = engine_model.weight_bytes_per_step()

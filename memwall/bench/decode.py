@@ -146,14 +146,9 @@ def bench_decode(
         if peak_flops is None:
             peak_flops = measured_peak_flops(device, dtype)
         probe = roofline_probe.RooflineProbe(device)
-    try:
-        samples = harness.run_interleaved(
-            runs, repeats, warmup, f"decode {name}", progress, probe=probe
-        )
-    finally:
-        if hasattr(probe, "close"):
-            probe.close()
-    probes = [s["probe_bandwidth"] for e in runs for s in samples[e] if "probe_bandwidth" in s]
+    samples, probes = harness.run_with_probe(
+        runs, repeats, warmup, f"decode {name}", progress, probe
+    )
     flops_per_token = _flops_per_token(config, prompt_tokens + new_tokens / 2)
     compute_roof = peak_flops / flops_per_token if peak_flops else None
 

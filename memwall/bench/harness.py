@@ -163,6 +163,20 @@ def run_interleaved(
     return results
 
 
+def run_with_probe(runs, repeats, warmup, description, progress, probe):
+    """run_interleaved, then close the probe (if it has a buffer to free); returns the samples
+    and every bandwidth the probe read, in order."""
+    try:
+        samples = run_interleaved(runs, repeats, warmup, description, progress, probe=probe)
+    finally:
+        if hasattr(probe, "close"):
+            probe.close()
+    probes = [
+        s["probe_bandwidth"] for name in runs for s in samples[name] if "probe_bandwidth" in s
+    ]
+    return samples, probes
+
+
 def medians(samples: list[dict]) -> dict:
     """The median of each key over repeats."""
     return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
