@@ -110,7 +110,23 @@ def check_accept_step(student, rng):
         # two thirds rejections, so the residual is exercised; never a guess the target gives p = q
         if (rejected or len(cases) % 3 == 0) and any(abs(a - b) > 1e-9 for a, b in zip(p, q)):
             cases.append(dict(p=p, q=q, guess=guess, u=u, v=v))
+    # Random draws can miss the usual mistakes (resampling from p or from q instead of the
+    # residual) by landing on the same token, so a third of the cases are rejections where
+    # those draws differ from the residual's.
+    while sum(_telling_rejection(**case) for case in cases) < CASES_PER_CHECK // 3:
+        size = rng.randint(3, 8)
+        p, q = random_distribution(rng, size), random_distribution(rng, size)
+        case = dict(p=p, q=q, guess=rng.randrange(size), u=rng.random(), v=rng.random())
+        if _telling_rejection(**case):
+            cases[rng.randrange(len(cases))] = case
     return compare_function(student, reference_accept_step, cases)
+
+
+def _telling_rejection(p, q, guess, u, v):
+    if u < p[guess] / q[guess]:
+        return False
+    right = reference_accept_step(p, q, guess, u, v)
+    return right not in (_inverse_cdf(p, v), _inverse_cdf(q, v))
 
 
 # ---- 3. speed-up from the cost model -----------------------------------------------------------
