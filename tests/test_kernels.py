@@ -116,6 +116,44 @@ def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_ops_of_every_variant_match_pytorch(variant):
+    """The fast decode step's fused ops (decode_ops.h), with their vectorized exp, on odd sizes
+    and on inputs far outside exp's useful range."""
+    lib = cpu_kernels.variant_library(variant)
+    ptr = torch.Tensor.data_ptr
+    for d_ff in (1, 7, 37, 1536):
+        gate_up = seeded(2 * d_ff, seed=d_ff) * 30
+        gate_up[0] = -300.0  # exp(300) overflows a float: SiLU's answer is still about 0
+        out = torch.empty(d_ff)
+        lib.silu_mul(ptr(gate_up), ptr(out), d_ff)
+        gate, up = gate_up.double().split(d_ff)
+        assert torch.allclose(out.double(), F.silu(gate) * up, rtol=1e-6, atol=1e-30)
+    heads, kv_heads, head_dim, max_tokens = 6, 2, 24, 40
+    for length in (1, 5, 33):
+        q = seeded(heads * head_dim, seed=length) * 4
+        keys, values = seeded(2, kv_heads, max_tokens, head_dim, seed=length + 1).unbind(0)
+        out, scratch = torch.empty(heads * head_dim), torch.empty(heads * length)
+        lib.attend_one(
+            ptr(q),
+            ptr(keys),
+            ptr(values),
+            ptr(out),
+            heads,
+            kv_heads,
+            head_dim,
+            length,
+            max_tokens,
+            ptr(scratch),
+            2,
+        )
+        grouped = q.view(heads, 1, head_dim)
+        k = keys[:, :length].repeat_interleave(heads // kv_heads, 0)
+        v = values[:, :length].repeat_interleave(heads // kv_heads, 0)
+        reference = F.scaled_dot_product_attention(grouped.double(), k.double(), v.double())
+        assert close(out.view(heads, 1, head_dim).double(), reference)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("many", [False, True], ids=["few rows", "many rows"])
 @pytest.mark.parametrize("out_features, in_features", [(4, 32), (20, 96), (36, 160)])
 def test_int8_kernels_of_every_variant_match_the_reference(
