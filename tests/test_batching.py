@@ -92,7 +92,8 @@ def test_smollm2_batch_matches_solo_decoding(smollm2, smollm2_engine):
         assert tokens == generate(smollm2_engine, prompt, 16).tokens
 
 
-def test_bench_batch_reports_every_batch_size_with_a_prediction(tiny_hf):
+@pytest.mark.parametrize("fast", [False, True], ids=["readable", "fast"])
+def test_bench_batch_reports_every_batch_size_with_a_prediction(tiny_hf, fast):
     from memwall.bench.batch import bench_batch
     from memwall.hardware import get_hardware
 
@@ -104,7 +105,9 @@ def test_bench_batch_reports_every_batch_size_with_a_prediction(tiny_hf):
         repeats=1,
         warmup=0,
         hardware=get_hardware("laptop-100gbs"),
+        fast=fast,
     )
+    assert result["engine"] == ("memwall-fast" if fast else "memwall")
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     for row in result["rows"]:
         assert row["tok_per_s"] > 0 and row["predicted_tok_per_s"] > 0

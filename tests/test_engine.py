@@ -220,14 +220,42 @@ def test_fast_decode_matches_the_readable_engine(tiny_engine, scheme, monkeypatc
     assert generate(fast, prompt[0], 32).tokens == generate(model, prompt[0], 32).tokens
 
 
+@pytest.mark.parametrize("scheme", ["fp32", "int8", "int4"])
+def test_fast_batched_steps_give_each_row_the_bits_it_gets_alone(tiny_engine, scheme, monkeypatch):
+    from memwall.engine.quant import quantize
+
+    monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fixed")  # one kernel path for 1 and 3 rows
+    model = tiny_engine if scheme == "fp32" else quantize(tiny_engine, scheme, inplace=False)
+    fast = fast_or_skip(model)
+    prompts = torch.randint(0, 256, (3, 7), generator=torch.Generator().manual_seed(6))
+    batched, readable = (model.new_cache(batch=3, max_tokens=20) for _ in range(2))
+    alone = [model.new_cache(max_tokens=20) for _ in range(3)]
+    with torch.inference_mode():
+        tokens = prefill(model, prompts, readable).argmax(-1)
+        for row, cache in enumerate(alone):  # the same cached bits in both layouts
+            prefill(model, prompts[row : row + 1], cache)
+            batched.keys[:, row], batched.values[:, row] = cache.keys[:, 0], cache.values[:, 0]
+        batched.length = prompts.shape[1]
+        for _ in range(10):
+            logits = decode_step(fast, tokens, batched)
+            reference = decode_step(model, tokens, readable)
+            for row, cache in enumerate(alone):
+                assert torch.equal(logits[row], decode_step(fast, tokens[row : row + 1], cache)[0])
+            assert (logits - reference).abs().max() <= 1e-5 * reference.abs().max()
+            tokens = logits.argmax(-1)
+
+
 def test_fast_decode_leaves_other_steps_to_the_readable_engine(tiny_engine):
     from memwall.engine import cpu_kernels
 
     fast = fast_or_skip(tiny_engine)
     tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
-        batch = fast(tokens, tiny_engine.new_cache(batch=2, max_tokens=8))
-        assert torch.equal(batch, tiny_engine(tokens, tiny_engine.new_cache(batch=2, max_tokens=8)))
+        prompts = torch.cat([tokens, tokens], dim=1)  # two tokens a sequence: a prefill
+        batch = fast(prompts, tiny_engine.new_cache(batch=2, max_tokens=8))
+        assert torch.equal(
+            batch, tiny_engine(prompts, tiny_engine.new_cache(batch=2, max_tokens=8))
+        )
         with cpu_kernels.switched_off():
             one = fast(tokens[:1], tiny_engine.new_cache(max_tokens=8))
             assert torch.equal(one, tiny_engine(tokens[:1], tiny_engine.new_cache(max_tokens=8)))

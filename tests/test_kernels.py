@@ -125,19 +125,18 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         gate_up = seeded(2 * d_ff, seed=d_ff) * 30
         gate_up[0] = -300.0  # exp(300) overflows a float: SiLU's answer is still about 0
         out = torch.empty(d_ff)
-        lib.silu_mul(ptr(gate_up), ptr(out), d_ff)
+        lib.silu_mul(ptr(gate_up), ptr(out), d_ff, 1)
         gate, up = gate_up.double().split(d_ff)
         assert torch.allclose(out.double(), F.silu(gate) * up, rtol=1e-6, atol=1e-30)
-    heads, kv_heads, head_dim, max_tokens = 6, 2, 24, 40
-    for length in (1, 5, 33):
-        q = seeded(heads * head_dim, seed=length) * 4
-        keys, values = seeded(2, kv_heads, max_tokens, head_dim, seed=length + 1).unbind(0)
-        out, scratch = torch.empty(heads * head_dim), torch.empty(heads * length)
+    heads, kv_heads, head_dim, max_tokens, rows = 6, 2, 24, 40, 3
+    for length in (1, 5, 33, 200):  # 200 tokens x 3 rows: the threaded branch
+        max_tokens = max(max_tokens, length)
+        qkv = seeded(rows, heads + 2 * kv_heads, head_dim, seed=length) * 4
+        caches = seeded(2, rows, kv_heads, max_tokens, head_dim, seed=length + 1)
+        keys, values = caches.unbind(0)
+        out, scratch = torch.empty(rows, heads, head_dim), torch.empty(rows * heads * length)
         lib.attend_one(
-            ptr(q),
-            ptr(keys),
-            ptr(values),
-            ptr(out),
+            *map(ptr, (qkv, keys, values, out)),
             heads,
             kv_heads,
             head_dim,
@@ -145,12 +144,14 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
             max_tokens,
             ptr(scratch),
             2,
+            rows,
+            keys.stride(0),
         )
-        grouped = q.view(heads, 1, head_dim)
-        k = keys[:, :length].repeat_interleave(heads // kv_heads, 0)
-        v = values[:, :length].repeat_interleave(heads // kv_heads, 0)
-        reference = F.scaled_dot_product_attention(grouped.double(), k.double(), v.double())
-        assert close(out.view(heads, 1, head_dim).double(), reference)
+        q = qkv[:, :heads, None]  # [rows, heads, 1, head_dim]
+        k = keys[:, :, :length].repeat_interleave(heads // kv_heads, 1)
+        v = values[:, :, :length].repeat_interleave(heads // kv_heads, 1)
+        reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        assert close(out.double(), reference[:, :, 0])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -364,6 +365,7 @@ def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))
     monkeypatch.setenv(paths.ENV, "auto")
+    monkeypatch.setattr(paths, "machine_busy", lambda: False)
     paths.forget()
     try:
         layer = layers_of_every_format()["int8"]
@@ -382,6 +384,23 @@ def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
         paths._memo.clear()
         monkeypatch.setattr(paths, "_measure", lambda *args: pytest.fail("measured again"))
         assert paths.choose(layer, x) == chosen
+    finally:
+        paths._memo.clear()
+        paths._decisions.cache_clear()
+
+
+def test_a_choice_timed_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
+    from memwall.engine.cpu import paths
+
+    monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))
+    monkeypatch.setenv(paths.ENV, "auto")
+    monkeypatch.setattr(paths, "machine_busy", lambda: True)
+    paths.forget()
+    try:
+        layer = layers_of_every_format()["int8"]
+        chosen = paths.choose(layer, seeded(3, 64))
+        assert chosen in layer.paths_for(seeded(3, 64))
+        assert not paths.cache_file().exists()
     finally:
         paths._memo.clear()
         paths._decisions.cache_clear()

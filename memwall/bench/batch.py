@@ -111,12 +111,15 @@ def bench_batch(
     hardware=None,
     progress: bool | None = None,
     probe=None,
+    fast: bool = False,
 ) -> dict:
     """Time batched decode for each batch size; return a dict with one row per B.
 
     model: a name ("smollm2-135m", "random:llama-3-8b") or a loaded transformers model.
     hardware: a `memwall.hardware.Hardware` for a fixed prediction; default: FLOP/s measured here,
         and the bandwidth probed before every repeat (`probe`, default a `RooflineProbe`).
+    fast: time memwall's fast decode path (`memwall.engine.cpu.fast_decode`, on a CPU) instead of
+        the readable engine.
     """
     batches = [count("batch", b, 1) for b in batches]
     count("context", context, 0)
@@ -141,6 +144,10 @@ def bench_batch(
     spec = ModelSpec.from_hf_config(config, name=name)
     engine_model = Transformer.from_hf(hf_model)
     del hf_model
+    if fast and torch.device(device).type == "cpu":
+        from memwall.engine.cpu.fast_decode import accelerate
+
+        engine_model = accelerate(engine_model)
     if hardware is None:
         from memwall.hardware import measure
 
@@ -188,6 +195,7 @@ def bench_batch(
         "model": name,
         **harness.environment(device),
         "dtype": dtype,
+        "engine": "memwall-fast" if fast else "memwall",
         "context": context,
         "new_tokens": new_tokens,
         "repeats": repeats,
@@ -258,6 +266,12 @@ def add_cli(bench_subparsers) -> None:
         "--repeats", type=int, default=3, help="timed runs per batch size; medians (default 3)"
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="time memwall's fast decode path (C calls per layer, on a CPU) instead of the "
+        "readable engine",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)
 
@@ -282,6 +296,7 @@ def _run(args) -> dict:
         dtype=args.dtype,
         repeats=args.repeats,
         warmup=args.warmup,
+        fast=args.fast,
     )
 
 

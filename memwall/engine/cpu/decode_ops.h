@@ -27,52 +27,67 @@ static inline float exp_vectorizable(float x) {
     return p * two_to_n;
 }
 
-/* x += delta (if delta is not NULL), then out = weight * (x / sqrt(mean(x^2) + eps)). */
-void add_rmsnorm(float *x, const float *delta, const float *weight, float *out, long n, float eps) {
-    if (delta != NULL)
-        for (long i = 0; i < n; i++) x[i] += delta[i];
-    float sum = 0.0f;
-    #pragma omp simd reduction(+ : sum)
-    for (long i = 0; i < n; i++) sum += x[i] * x[i];
-    float inv = 1.0f / sqrtf(sum / (float)n + eps);
-    for (long i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+/* For each of `rows` rows of n floats: x += delta (if delta is not NULL), then
+ * out = weight * (x / sqrt(mean(x^2) + eps)). */
+void add_rmsnorm(float *x, const float *delta, const float *weight, float *out, long rows, long n,
+                 float eps) {
+    for (long r = 0; r < rows; r++, x += n, out += n) {
+        if (delta != NULL) {
+            for (long i = 0; i < n; i++) x[i] += delta[i];
+            delta += n;
+        }
+        float sum = 0.0f;
+        #pragma omp simd reduction(+ : sum)
+        for (long i = 0; i < n; i++) sum += x[i] * x[i];
+        float inv = 1.0f / sqrtf(sum / (float)n + eps);
+        for (long i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+    }
 }
 
-/* qkv [heads + 2 kv_heads, head_dim] of one token: rotate q and k in place (pairs i, i + d/2), then
- * store k and v at `position` of this layer's caches [kv_heads, max_tokens, head_dim]. */
+/* qkv [rows, heads + 2 kv_heads, head_dim], one token of each of `rows` sequences at the same
+ * position: rotate q and k in place (pairs i, i + d/2), then store k and v at `position` of each
+ * sequence's caches [kv_heads, max_tokens, head_dim], `cache_stride` floats apart. */
 void rope_and_store(float *qkv, const float *cos, const float *sin, long heads, long kv_heads,
-                    long head_dim, float *k_cache, float *v_cache, long position, long max_tokens) {
-    long half = head_dim / 2;
-    for (long h = 0; h < heads + kv_heads; h++) {
-        float *v = qkv + h * head_dim;
-        for (long i = 0; i < half; i++) {
-            float a = v[i], b = v[i + half];
-            v[i] = a * cos[i] + (-b) * sin[i];
-            v[i + half] = b * cos[i + half] + a * sin[i + half];
+                    long head_dim, float *k_cache, float *v_cache, long position, long max_tokens,
+                    long rows, long cache_stride) {
+    long half = head_dim / 2, width = (heads + 2 * kv_heads) * head_dim;
+    for (long row = 0; row < rows; row++) {
+        float *token = qkv + row * width;
+        for (long h = 0; h < heads + kv_heads; h++) {
+            float *v = token + h * head_dim;
+            for (long i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cos[i] + (-b) * sin[i];
+                v[i + half] = b * cos[i + half] + a * sin[i + half];
+            }
+        }
+        for (long h = 0; h < kv_heads; h++) {
+            long at = row * cache_stride + (h * max_tokens + position) * head_dim;
+            memcpy(k_cache + at, token + (heads + h) * head_dim, sizeof(float) * head_dim);
+            memcpy(v_cache + at, token + (heads + kv_heads + h) * head_dim,
+                   sizeof(float) * head_dim);
         }
     }
-    for (long h = 0; h < kv_heads; h++) {
-        long at = (h * max_tokens + position) * head_dim;
-        memcpy(k_cache + at, qkv + (heads + h) * head_dim, sizeof(float) * head_dim);
-        memcpy(v_cache + at, qkv + (heads + kv_heads + h) * head_dim, sizeof(float) * head_dim);
-    }
 }
 
-/* One query token against `length` cached tokens; each group of heads / kv_heads query heads
- * shares one key/value head (GQA). scratch: heads * length floats. The `omp simd` reductions let
+/* One query token of each of `rows` sequences (in qkv, laid out as above) against its `length`
+ * cached tokens; out [rows, heads, head_dim]. Each group of heads / kv_heads query heads shares
+ * one key/value head (GQA). scratch: rows * heads * length floats. The `omp simd` reductions let
  * the compiler split each sum across vector lanes (plain C may not reorder a float sum): without
  * them this was a scalar loop, and at a few hundred tokens of context attention took as long as
  * a layer's weights. */
-void attend_one(const float *q, const float *k_cache, const float *v_cache, float *out, long heads,
-                long kv_heads, long head_dim, long length, long max_tokens, float *scratch,
-                int threads) {
+void attend_one(const float *qkv, const float *k_cache, const float *v_cache, float *out,
+                long heads, long kv_heads, long head_dim, long length, long max_tokens,
+                float *scratch, int threads, long rows, long cache_stride) {
     float scale = 1.0f / sqrtf((float)head_dim);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (length >= 256)
-    for (long h = 0; h < heads; h++) {
-        const float *qh = q + h * head_dim;
-        const float *keys = k_cache + (h / (heads / kv_heads)) * max_tokens * head_dim;
-        const float *values = v_cache + (h / (heads / kv_heads)) * max_tokens * head_dim;
-        float *scores = scratch + h * length, top = -INFINITY, total = 0.0f;
+    long width = (heads + 2 * kv_heads) * head_dim;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows * length >= 256)
+    for (long job = 0; job < rows * heads; job++) {
+        long row = job / heads, h = job % heads;
+        long kv = row * cache_stride + (h / (heads / kv_heads)) * max_tokens * head_dim;
+        const float *qh = qkv + row * width + h * head_dim;
+        const float *keys = k_cache + kv, *values = v_cache + kv;
+        float *scores = scratch + job * length, top = -INFINITY, total = 0.0f;
         for (long t = 0; t < length; t++) {
             const float *key = keys + t * head_dim;
             float dot = 0.0f;
@@ -83,7 +98,7 @@ void attend_one(const float *q, const float *k_cache, const float *v_cache, floa
         }
         #pragma omp simd reduction(+ : total)
         for (long t = 0; t < length; t++) total += scores[t] = exp_vectorizable(scores[t] - top);
-        float *restrict oh = out + h * head_dim;
+        float *restrict oh = out + job * head_dim;
         for (long i = 0; i < head_dim; i++) oh[i] = 0.0f;
         for (long t = 0; t < length; t++) {
             const float *restrict value = values + t * head_dim;
@@ -94,15 +109,19 @@ void attend_one(const float *q, const float *k_cache, const float *v_cache, floa
     }
 }
 
-/* gate_up [2 d_ff] -> out [d_ff] = silu(gate) * up. */
-void silu_mul(const float *restrict gate_up, float *restrict out, long d_ff) {
-    #pragma omp simd
-    for (long i = 0; i < d_ff; i++) {
-        float g = gate_up[i];
-        out[i] = g / (1.0f + exp_vectorizable(-g)) * gate_up[d_ff + i];
+/* gate_up [rows, 2 d_ff] -> out [rows, d_ff] = silu(gate) * up. */
+void silu_mul(const float *restrict gate_up, float *restrict out, long d_ff, long rows) {
+    for (long r = 0; r < rows; r++, gate_up += 2 * d_ff, out += d_ff) {
+        #pragma omp simd
+        for (long i = 0; i < d_ff; i++) {
+            float g = gate_up[i];
+            out[i] = g / (1.0f + exp_vectorizable(-g)) * gate_up[d_ff + i];
+        }
     }
 }
 
-void add_into(float *y, const float *bias, long n) {
-    for (long i = 0; i < n; i++) y[i] += bias[i];
+/* y [rows, n] += bias [n] */
+void add_into(float *y, const float *bias, long n, long rows) {
+    for (long r = 0; r < rows; r++, y += n)
+        for (long i = 0; i < n; i++) y[i] += bias[i];
 }

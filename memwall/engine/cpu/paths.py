@@ -5,7 +5,9 @@ of activation rows and the weight format (one 2-core EPYC with AVX2 and a Zen 5 
 disagreed on every one of these). So the first time a layer of a given format and shape meets a
 given bucket of rows, the candidates are timed on its real weights (a few hundred milliseconds
 for the whole model, with a message on stderr) and the fastest is kept, on disk, under a key for
-this machine: CPU model, ISA flags, threads, torch version and the kernels' source hash.
+this machine: CPU model, ISA flags, threads, torch version and the kernels' source hash. A choice
+timed while other work kept the cores busy is used by this process but not kept: on two shared
+cores, one stalled thread can make the best path look like the worst.
 
 The candidates (a layer lists the ones that can take a given input):
   fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear)
@@ -101,8 +103,18 @@ def _decide(layer, x, rows, pins) -> str:
     decisions = _decisions()
     if decisions.get(name) not in options:
         decisions[name] = _measure(layer, x, bucket(rows), options)
-        _save(decisions)
+        if not machine_busy():  # a choice timed against other work lasts this process only
+            _save(decisions)
     return decisions[name]
+
+
+def machine_busy() -> bool:
+    """Whether other work competes for the cores: the 1-minute load average above the cores
+    plus one (this process's own threads count in it too)."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1) + 1
+    except OSError:
+        return False
 
 
 def _decision_name(layer, x, rows) -> str:
