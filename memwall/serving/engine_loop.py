@@ -124,6 +124,11 @@ class EngineLoop:
             self._closing = True
             self._wake.notify()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            # Free the KV pool now: the HTTP handler classes keep this loop reachable until the
+            # garbage collector finds them, and the pool is the biggest thing a server holds.
+            cache = self.scheduler.cache
+            cache.keys = cache.values = cache.keys.new_empty(0)
 
     # ---- the engine thread ------------------------------------------------------------------------
 
