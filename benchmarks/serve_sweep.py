@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -30,11 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venv-llamacpp"
 
 
-def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+def wait_for(url: str, process: subprocess.Popen, log, timeout_s: float = 300) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited with code {process.returncode}")
+            log.seek(0)
+            last = log.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"the server exited with code {process.returncode}: " + " / ".join(last)
+            )
         try:
             urllib.request.urlopen(url + "/models", timeout=2).read()
             return
@@ -46,9 +51,12 @@ def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> Non
 def measure_server(command, url, args) -> list[dict]:
     from memwall.bench.serve import sweep
 
-    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The server's log goes to a file: llama.cpp logs every request, and an unread pipe fills up
+    # and stops the server mid-sweep.
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        wait_for(url, server)
+        wait_for(url, server, log)
         levels = [int(c) for c in args.concurrency.split(",")]
         return sweep(
             url, levels, requests=None, max_tokens=args.max_tokens, ignore_eos=True, timeout_s=600
@@ -56,6 +64,7 @@ def measure_server(command, url, args) -> list[dict]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        log.close()
 
 
 def llamacpp_command(port: int) -> list[str]:
@@ -64,7 +73,9 @@ def llamacpp_command(port: int) -> list[str]:
     python = LLAMACPP_VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(LLAMACPP_VENV)], check=True)
-    probe = subprocess.run([str(python), "-c", "import llama_cpp.server"], capture_output=True)
+    probe = subprocess.run(
+        [str(python), "-c", "import uvicorn, llama_cpp.server.app"], capture_output=True
+    )
     if probe.returncode != 0:
         print(f"installing llama-cpp-python[server] into {LLAMACPP_VENV} (once)", flush=True)
         env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
