@@ -44,6 +44,8 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
     for (int k = 0; k < 4; k++)
         for (int j = 0; j < 3; j++) acc[k][j] = _mm256_setzero_ps();
     for (long i = 0; i < in; i += 8) {
+        /* the next tile's weight rows, one tile ahead: see kernels_avx512.c */
+        for (int k = 4; k < 8; k++) _mm_prefetch((const char *)(w + k * in + i), _MM_HINT_T0);
         __m256 xv[3];
         for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * in + i);
         for (int k = 0; k < 4; k++) {
