@@ -5,12 +5,14 @@
 
 Each chapter runs top to bottom in a fresh kernel (nbclient); after its last cell the kernel's
 high-water mark (VmHWM in /proc/PID/status, Linux only) is read before the kernel shuts down.
+The kernels get the environment binder/start gives a Binder session.
 The book test checks the largest of these through the build's own children (tests/book_build.py);
 this script says which chapter it was.
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,8 @@ import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_BYTES = 1.5e9
+sys.path.insert(0, str(REPO / "tests"))
+from book_build import binder_session_env  # noqa: E402  (the book test's harness)
 
 
 def kernel_peak_bytes(client, field: str = "VmHWM") -> int:
@@ -66,6 +70,7 @@ def main(argv=None) -> int:
         "--cells", action="store_true", help="name each cell that raised the peak by 50 MB or more"
     )
     args = parser.parse_args(argv)
+    os.environ.update(binder_session_env())  # the kernels inherit binder/start's settings
     chapters = sorted((REPO / "chapters").glob("*.ipynb"))
     if args.prefixes:
         chapters = [p for p in chapters if any(p.name.startswith(x) for x in args.prefixes)]

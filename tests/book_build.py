@@ -110,6 +110,15 @@ def drop_stale_execution_cache(book_root: Path = REPO) -> bool:
     return False
 
 
+def binder_session_env(start: Path = REPO / "binder" / "start") -> dict[str, str]:
+    """The variables binder/start exports to a Binder session (`export NAME=VALUE` lines), so that
+    a build here measures the memory a reader's session there would use."""
+    if not start.is_file():
+        return {}
+    exports = re.findall(r"^export (\w+)=(\S+)$", start.read_text(), re.M)
+    return dict(exports)
+
+
 def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookBuild:
     """Run jupyter-book on book_root; the log is also written to <book_root>/_build/book-build.log."""
     drop_stale_execution_cache(book_root)
@@ -121,7 +130,8 @@ def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookB
     # kernels: its RUSAGE_CHILDREN high-water mark is then the largest of them (Binder's budget).
     command = [sys.executable, "-c", _PEAK_RSS_PARENT, *command]
     result = subprocess.run(command, cwd=book_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", timeout=BUILD_TIMEOUT_S)  # fmt: skip
+                            text=True, errors="replace", timeout=BUILD_TIMEOUT_S,
+                            env={**os.environ, **binder_session_env()})  # fmt: skip
     log = f"{result.stdout}\nbuild took {time.monotonic() - started:.0f} s\nexit status {result.returncode}\n"
     (book_root / "_build").mkdir(exist_ok=True)
     (book_root / "_build" / "book-build.log").write_text(log)

@@ -6,10 +6,13 @@ and tests/test_browser.py opens the same site in Chromium.
 
 import html as html_lib
 import re
+import subprocess
 
 import pytest
 from book_build import (
     HTML_DIR,
+    REPO,
+    binder_session_env,
     built_book,
     missing_toc_files,
     peak_rss_bytes,
@@ -76,6 +79,17 @@ def test_every_chapter_fits_in_binder_memory(build):
     )
     if peak >= TARGET_MEMORY_BYTES:
         pytest.xfail(f"peak {peak / 1e9:.2f} GB, over the 1.5 GB target for Binder; {where}")
+
+
+def test_binder_start_sets_what_the_memory_test_measures_with():
+    """binder/start must hand over to the notebook server with the variables the book build
+    (and so the memory test) gives its kernels."""
+    exported = binder_session_env()
+    assert "MALLOC_MMAP_THRESHOLD_" in exported
+    script = str(REPO / "binder" / "start")
+    seen = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
+    for name, value in exported.items():
+        assert f"{name}={value}" in seen.splitlines()
 
 
 def test_every_toc_page_was_written(build):
