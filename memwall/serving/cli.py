@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 
 
 def register_cli(subparsers):
@@ -76,6 +75,7 @@ def run_serve(args):
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk or None,
+        engine_thread=False,  # the engine runs in this (main) thread, below
     )
     chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
     print(
@@ -85,7 +85,9 @@ def run_serve(args):
         flush=True,
     )
     try:
-        threading.Event().wait()  # the server runs in its own threads
+        server.loop.run_here()  # until Ctrl-C; the HTTP server answers from its own threads
     except KeyboardInterrupt:
+        pass
+    finally:
         server.shutdown()
     return 0

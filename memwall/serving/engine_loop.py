@@ -48,7 +48,9 @@ class EngineLoop:
         max_batch: int = 8,
         max_queue: int = 64,
         prefill_chunk: int | None = None,
+        background: bool = True,
     ):
+        """background=False: no thread is started; the caller runs the loop with `run_here()`."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.scheduler = Scheduler(
@@ -70,8 +72,14 @@ class EngineLoop:
         self.finished = deque(maxlen=256)
         self._closing = False
         self.failures = 0  # steps that raised (their requests got an error event)
-        self._thread = threading.Thread(target=self._run, name="memwall-engine", daemon=True)
-        self._thread.start()
+        self._started, self._stopped = False, threading.Event()
+        self._thread = None
+        if background:
+            self._started = True  # before the thread runs, so an early close() waits for it
+            self._thread = threading.Thread(
+                target=self.run_here, name="memwall-engine", daemon=True
+            )
+            self._thread.start()
 
     @property
     def max_tokens_per_request(self) -> int:
@@ -119,12 +127,24 @@ class EngineLoop:
             "failures": self.failures,
         }
 
+    def run_here(self) -> None:
+        """Run the engine loop in the calling thread until `close()`.
+
+        `memwall serve` runs it in the main thread. GNU OpenMP gives every thread that starts
+        parallel regions a worker pool of its own, and once there are more pool threads than
+        cores it stops spin-waiting between regions: a decode step that took 19 ms in the main
+        thread took 30 ms in a second thread of the same process (2 cores)."""
+        self._started = True
+        try:
+            self._run()
+        finally:
+            self._stopped.set()
+
     def close(self) -> None:
         with self._wake:
             self._closing = True
             self._wake.notify()
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
+        if not self._started or self._stopped.wait(timeout=30):
             # Free the KV pool now: the HTTP handler classes keep this loop reachable until the
             # garbage collector finds them, and the pool is the biggest thing a server holds.
             cache = self.scheduler.cache

@@ -241,10 +241,14 @@ def start_server(
     max_batch: int = 8,
     max_queue: int = 64,
     prefill_chunk: int | None = None,
+    engine_thread: bool = True,
 ) -> OpenAIServer:
     """Serve `engine` in background threads; the port is server.server_port, the engine loop is
     server.loop, and server.shutdown() stops both. The KV cache holds `kv_tokens` token slots,
-    allocated (and zeroed) up front: 2 x layers x KV heads x head dim x bytes each."""
+    allocated (and zeroed) up front: 2 x layers x KV heads x head dim x bytes each.
+
+    engine_thread=False: only the HTTP server gets a thread; the caller then runs the engine with
+    `server.loop.run_here()` (faster on a CPU: see `EngineLoop.run_here`)."""
     if kv_tokens < block_size:
         raise ValueError(f"kv_tokens ({kv_tokens}) must hold at least one block of {block_size}")
     loop = EngineLoop(
@@ -254,6 +258,7 @@ def start_server(
         max_batch=max_batch,
         max_queue=max_queue,
         prefill_chunk=prefill_chunk,
+        background=engine_thread,
     )
     vocab = engine.embed.num_embeddings
     try:
