@@ -1,6 +1,8 @@
 """memwall's C kernels: the checks before a pointer reaches C, and every kernel variant against
 the reference path on the shapes it serves."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -359,15 +361,25 @@ def test_the_fixed_rule_uses_c_kernels_for_few_rows_where_they_exist(monkeypatch
     assert paths.choose(layers["fp32"], many) == "linear"
 
 
-def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
-    """Which path wins is the machine's business; that one is chosen, kept and reported is ours."""
+@contextlib.contextmanager
+def measured_paths(monkeypatch, cache_dir, busy):
+    """paths, measuring afresh into `cache_dir` on a machine that looks busy or not."""
     from memwall.engine.cpu import paths
 
-    monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))
+    monkeypatch.setenv("MEMWALL_CACHE", str(cache_dir))
     monkeypatch.setenv(paths.ENV, "auto")
-    monkeypatch.setattr(paths, "machine_busy", lambda: False)
+    monkeypatch.setattr(paths, "machine_busy", lambda: busy)
     paths.forget()
     try:
+        yield paths
+    finally:
+        paths._memo.clear()
+        paths._decisions.cache_clear()
+
+
+def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
+    """Which path wins is the machine's business; that one is chosen, kept and reported is ours."""
+    with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
         layer = layers_of_every_format()["int8"]
         x = seeded(3, 64)
         chosen = paths.choose(layer, x)
@@ -384,23 +396,11 @@ def test_measured_choices_are_cached_per_machine(monkeypatch, tmp_path, capsys):
         paths._memo.clear()
         monkeypatch.setattr(paths, "_measure", lambda *args: pytest.fail("measured again"))
         assert paths.choose(layer, x) == chosen
-    finally:
-        paths._memo.clear()
-        paths._decisions.cache_clear()
 
 
 def test_a_choice_timed_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
-    from memwall.engine.cpu import paths
-
-    monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))
-    monkeypatch.setenv(paths.ENV, "auto")
-    monkeypatch.setattr(paths, "machine_busy", lambda: True)
-    paths.forget()
-    try:
+    with measured_paths(monkeypatch, tmp_path, busy=True) as paths:
         layer = layers_of_every_format()["int8"]
         chosen = paths.choose(layer, seeded(3, 64))
         assert chosen in layer.paths_for(seeded(3, 64))
         assert not paths.cache_file().exists()
-    finally:
-        paths._memo.clear()
-        paths._decisions.cache_clear()
