@@ -2,6 +2,7 @@
 the reference path on the shapes it serves."""
 
 import contextlib
+import itertools
 
 import pytest
 import torch
@@ -130,8 +131,9 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         lib.silu_mul(ptr(gate_up), ptr(out), d_ff, 1)
         gate, up = gate_up.double().split(d_ff)
         assert torch.allclose(out.double(), F.silu(gate) * up, rtol=1e-6, atol=1e-30)
-    heads, kv_heads, head_dim, max_tokens, rows = 6, 2, 24, 40, 3
-    for length in (1, 5, 33, 200):  # 200 tokens x 3 rows: the threaded branch
+    heads, kv_heads, max_tokens, rows = 6, 2, 40, 3
+    # head_dim 24: a part of 32 columns only; 72: two whole ones and a part. 200 tokens: threaded.
+    for head_dim, length in itertools.product((24, 72), (1, 5, 33, 200)):
         max_tokens = max(max_tokens, length)
         qkv = seeded(rows, heads + 2 * kv_heads, head_dim, seed=length) * 4
         caches = seeded(2, rows, kv_heads, max_tokens, head_dim, seed=length + 1)

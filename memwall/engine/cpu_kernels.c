@@ -26,6 +26,12 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The sums of the lanes of a, b, c and d, in that order, sharing their shuffles. */
+static inline __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
 /* 8 int8 codes -> 8 floats. */
 static inline __m256 int8x8_to_float(const int8_t *codes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
@@ -53,8 +59,7 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
             for (int j = 0; j < nr; j++) acc[k][j] = _mm256_fmadd_ps(wv, xv[j], acc[k][j]);
         }
     }
-    for (int j = 0; j < nr; j++)
-        for (int k = 0; k < 4; k++) y[j * out + k] = sum8(acc[k][j]);
+    for (int j = 0; j < nr; j++) _mm_storeu_ps(y + j * out, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
 /* W fp32 [n_out, in]; `n_out` a multiple of 4 and `in` of 8. */
