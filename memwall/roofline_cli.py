@@ -84,7 +84,15 @@ def run_info(args) -> int:
         ),
     ]
     rows += [
-        (f"matmul {dtype}", f"{si(rate, 'FLOP/s')}  (ridge point {ridge[dtype]:.3g} FLOPs/byte)")
+        (
+            f"matmul {dtype}",
+            f"{si(rate, 'FLOP/s')}  (ridge point {ridge[dtype]:.3g} FLOPs/byte"
+            + (
+                ", memwall's C kernel)"
+                if result.flops_source.get(dtype) == "memwall C kernel"
+                else ")"
+            ),
+        )
         for dtype, rate in result.flops.items()
     ]
     if kernels:

@@ -84,3 +84,32 @@ def test_measure_takes_a_bf16_roof_exactly_where_the_cpu_has_bf16():
         assert ("bf16" in result.flops) == has_native_bf16(result.machine)
     if "bf16" in result.flops:
         assert 1e9 < result.flops["bf16"] < 1e16
+
+
+@pytest.mark.parametrize("kernel_rate", [1e18, 1.0], ids=["kernel faster", "torch faster"])
+def test_the_fp32_roof_is_the_faster_of_torchs_matmul_and_memwalls_kernel(monkeypatch, kernel_rate):
+    """A BLAS that leaves the CPU's widest instructions unused (MKL on AMD) must not set a roof
+    that memwall's own kernel beats; where the library is faster, its rate stands."""
+    from memwall import hardware
+
+    monkeypatch.setattr(hardware, "_memwall_kernel_flops", lambda repeats: kernel_rate)
+    with_kernel = hardware._measure.__wrapped__("cpu", True, True)
+    without = hardware._measure.__wrapped__("cpu", True, False)
+    assert without.flops_source["fp32"] == "torch" and without.flops["fp32"] < 1e18
+    if kernel_rate > 1e17:
+        assert with_kernel.flops["fp32"] == kernel_rate
+        assert with_kernel.flops_source["fp32"] == "memwall C kernel"
+    else:
+        assert with_kernel.flops_source["fp32"] == "torch" and with_kernel.flops["fp32"] > 1.0
+
+
+def test_memwalls_fp32_kernel_rate_is_measured_where_the_kernels_run():
+    from memwall.engine import cpu_kernels
+
+    rate = cpu_kernels.fp32_flops(repeats=1)
+    if not cpu_kernels.available():
+        assert rate is None
+        return
+    assert 1e8 < rate < 1e14
+    with cpu_kernels.switched_off():
+        assert cpu_kernels.fp32_flops(repeats=1) is None

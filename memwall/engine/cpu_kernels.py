@@ -175,6 +175,27 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor
     return out
 
 
+def fp32_flops(repeats: int = 3) -> float | None:
+    """FLOP/s of the fp32 kernel on a compute-bound product whose operands stay in each core's L2
+    (128 rows x 512 x 512: 1 MiB of weights), the fastest of `repeats` samples; None when the
+    kernels are not in use. The roofline's compute roof takes it where it beats PyTorch's matmul
+    (`memwall.hardware.measure`)."""
+    if not available():
+        return None
+    import time
+
+    rows, out_features, in_features, calls = 128, 512, 512, 20
+    x, weight = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+    fp32_linear(x, weight)  # warm-up: the library, the thread pool, the caches
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fp32_linear(x, weight)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 2 * rows * out_features * in_features / best
+
+
 def int8_linear(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, many=False, lib=None
 ) -> torch.Tensor:
