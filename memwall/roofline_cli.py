@@ -83,15 +83,12 @@ def run_info(args) -> int:
             f"over {human_bytes(result.working_set_bytes)})",
         ),
     ]
+    kernel_note = {"memwall C kernel": ", memwall's C kernel"}  # where PyTorch's matmul lost
     rows += [
         (
             f"matmul {dtype}",
             f"{si(rate, 'FLOP/s')}  (ridge point {ridge[dtype]:.3g} FLOPs/byte"
-            + (
-                ", memwall's C kernel)"
-                if result.flops_source.get(dtype) == "memwall C kernel"
-                else ")"
-            ),
+            f"{kernel_note.get(result.flops_source.get(dtype), '')})",
         )
         for dtype, rate in result.flops.items()
     ]

@@ -59,7 +59,8 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
             for (int j = 0; j < nr; j++) acc[k][j] = _mm256_fmadd_ps(wv, xv[j], acc[k][j]);
         }
     }
-    for (int j = 0; j < nr; j++) _mm_storeu_ps(y + j * out, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+    for (int j = 0; j < nr; j++)
+        _mm_storeu_ps(y + j * out, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
 /* W fp32 [n_out, in]; `n_out` a multiple of 4 and `in` of 8. */
