@@ -91,6 +91,11 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
         float *scores = scratch + job * length, top = -INFINITY, total = 0.0f;
         for (long t = 0; t < length; t++) {
             const float *key = keys + t * head_dim;
+            if (t + 8 < length) /* the cache comes from memory: ask for token t + 8's lines now */
+                for (long i = 0; i < head_dim; i += 16) {
+                    __builtin_prefetch(key + 8 * head_dim + i);
+                    __builtin_prefetch(values + (t + 8) * head_dim + i);
+                }
             float dot = 0.0f;
             #pragma omp simd reduction(+ : dot)
             for (long i = 0; i < head_dim; i++) dot += qh[i] * key[i];
