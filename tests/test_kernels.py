@@ -160,10 +160,12 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("many", [False, True], ids=["few rows", "many rows"])
-@pytest.mark.parametrize("out_features, in_features", [(4, 32), (20, 96), (36, 160)])
+@pytest.mark.parametrize("out_features, in_features", [(4, 32), (20, 96), (36, 160), (7, 64)])
 def test_int8_kernels_of_every_variant_match_the_reference(
     variant, many, out_features, in_features
 ):
+    if many and out_features % 4:
+        pytest.skip("the many-rows kernel takes out % 4 == 0 (its wrapper says so)")
     lib = cpu_kernels.variant_library(variant)
     layer = Int8Linear.from_weight(seeded(out_features, in_features))
     for rows in ROWS:
