@@ -124,12 +124,13 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
     and on inputs far outside exp's useful range."""
     lib = cpu_kernels.variant_library(variant)
     ptr = torch.Tensor.data_ptr
-    for d_ff in (1, 7, 37, 1536):
-        gate_up = seeded(2 * d_ff, seed=d_ff) * 30
-        gate_up[0] = -300.0  # exp(300) overflows a float: SiLU's answer is still about 0
-        out = torch.empty(d_ff)
-        lib.silu_mul(ptr(gate_up), ptr(out), d_ff, 1)
-        gate, up = gate_up.double().split(d_ff)
+    # 8 rows of 1536: the threaded branch
+    for d_ff, rows in ((1, 1), (7, 1), (37, 1), (1536, 1), (1536, 8)):
+        gate_up = seeded(rows, 2 * d_ff, seed=d_ff) * 30
+        gate_up[:, 0] = -300.0  # exp(300) overflows a float: SiLU's answer is still about 0
+        out = torch.empty(rows, d_ff)
+        lib.silu_mul(ptr(gate_up), ptr(out), d_ff, rows, 2)
+        gate, up = gate_up.double().split(d_ff, dim=1)
         assert torch.allclose(out.double(), F.silu(gate) * up, rtol=1e-6, atol=1e-30)
     heads, kv_heads, max_tokens, rows = 6, 2, 40, 3
     # head_dim 24: a part of 32 columns only; 72: two whole ones and a part. 200 tokens: threaded.

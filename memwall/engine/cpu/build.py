@@ -135,10 +135,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "int4_blocked_linear": ([pointer] * 4 + [long] * 5 + [c_int], c_int),
         "int4_blocked_linear_many": ([pointer] * 4 + [long] * 5 + [c_int], c_int),
         "memwall_cpu_features": ([], c_int),
-        "add_rmsnorm": ([pointer] * 4 + [long, long, ctypes.c_float], None),
-        "rope_and_store": ([pointer] * 3 + [long] * 3 + [pointer] * 2 + [long] * 4, None),
+        "add_rmsnorm": ([pointer] * 4 + [long, long, ctypes.c_float, c_int], None),
+        "rope_and_store": ([pointer] * 3 + [long] * 3 + [pointer] * 2 + [long] * 4 + [c_int], None),
         "attend_one": ([pointer] * 4 + [long] * 5 + [pointer, c_int, long, long], None),
-        "silu_mul": ([pointer] * 2 + [long, long], None),
+        "silu_mul": ([pointer] * 2 + [long, long, c_int], None),
         "add_into": ([pointer] * 2 + [long, long], None),
     }
     for name, (args, result) in signatures.items():

@@ -27,20 +27,24 @@ static inline float exp_vectorizable(float x) {
     return p * two_to_n;
 }
 
+/* Rows of a batched step are independent: from this many floats of work the elementwise ops
+ * below run on all threads (a parallel region costs about a microsecond). */
+#define PARALLEL_FROM 8192
+
 /* For each of `rows` rows of n floats: x += delta (if delta is not NULL), then
  * out = weight * (x / sqrt(mean(x^2) + eps)). */
 void add_rmsnorm(float *x, const float *delta, const float *weight, float *out, long rows, long n,
-                 float eps) {
-    for (long r = 0; r < rows; r++, x += n, out += n) {
-        if (delta != NULL) {
-            for (long i = 0; i < n; i++) x[i] += delta[i];
-            delta += n;
-        }
+                 float eps, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows * n >= PARALLEL_FROM)
+    for (long r = 0; r < rows; r++) {
+        float *xr = x + r * n, *outr = out + r * n;
+        if (delta != NULL)
+            for (long i = 0; i < n; i++) xr[i] += delta[r * n + i];
         float sum = 0.0f;
         #pragma omp simd reduction(+ : sum)
-        for (long i = 0; i < n; i++) sum += x[i] * x[i];
+        for (long i = 0; i < n; i++) sum += xr[i] * xr[i];
         float inv = 1.0f / sqrtf(sum / (float)n + eps);
-        for (long i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+        for (long i = 0; i < n; i++) outr[i] = weight[i] * (xr[i] * inv);
     }
 }
 
@@ -49,8 +53,9 @@ void add_rmsnorm(float *x, const float *delta, const float *weight, float *out, 
  * sequence's caches [kv_heads, max_tokens, head_dim], `cache_stride` floats apart. */
 void rope_and_store(float *qkv, const float *cos, const float *sin, long heads, long kv_heads,
                     long head_dim, float *k_cache, float *v_cache, long position, long max_tokens,
-                    long rows, long cache_stride) {
+                    long rows, long cache_stride, int threads) {
     long half = head_dim / 2, width = (heads + 2 * kv_heads) * head_dim;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows * width >= PARALLEL_FROM)
     for (long row = 0; row < rows; row++) {
         float *token = qkv + row * width;
         for (long h = 0; h < heads + kv_heads; h++) {
@@ -126,13 +131,14 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
 }
 
 /* gate_up [rows, 2 d_ff] -> out [rows, d_ff] = silu(gate) * up. */
-void silu_mul(const float *restrict gate_up, float *restrict out, long d_ff, long rows) {
-    for (long r = 0; r < rows; r++, gate_up += 2 * d_ff, out += d_ff) {
+void silu_mul(const float *restrict gate_up, float *restrict out, long d_ff, long rows,
+              int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows * d_ff >= PARALLEL_FROM)
+    for (long r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * d_ff, *up = gate + d_ff;
+        float *outr = out + r * d_ff;
         #pragma omp simd
-        for (long i = 0; i < d_ff; i++) {
-            float g = gate_up[i];
-            out[i] = g / (1.0f + exp_vectorizable(-g)) * gate_up[d_ff + i];
-        }
+        for (long i = 0; i < d_ff; i++) outr[i] = gate[i] / (1.0f + exp_vectorizable(-gate[i])) * up[i];
     }
 }
 

@@ -163,7 +163,7 @@ class FastDecoder(nn.Module):
         keys, values = _ptr(cache.keys), _ptr(cache.values)
         residual = None  # the first norm has nothing to add
         for i, (norm1, eps1, qkv_mm, out_mm, norm2, eps2, gate_up_mm, down_mm) in enumerate(layers):
-            lib.add_rmsnorm(x, residual, _ptr(norm1), h, rows, d, eps1)
+            lib.add_rmsnorm(x, residual, _ptr(norm1), h, rows, d, eps1, threads)
             qkv_mm()
             k_layer, v_layer = keys + i * layer_stride, values + i * layer_stride
             lib.rope_and_store(
@@ -179,6 +179,7 @@ class FastDecoder(nn.Module):
                 max_tokens,
                 rows,
                 row_stride,
+                threads,
             )
             lib.attend_one(
                 qkv,
@@ -196,12 +197,12 @@ class FastDecoder(nn.Module):
                 row_stride,
             )
             out_mm()
-            lib.add_rmsnorm(x, delta, _ptr(norm2), h, rows, d, eps2)
+            lib.add_rmsnorm(x, delta, _ptr(norm2), h, rows, d, eps2, threads)
             gate_up_mm()
-            lib.silu_mul(_ptr(buf["gate_up"]), _ptr(buf["act"]), buf["act"].shape[1], rows)
+            lib.silu_mul(_ptr(buf["gate_up"]), _ptr(buf["act"]), buf["act"].shape[1], rows, threads)
             down_mm()
             residual = delta
-        lib.add_rmsnorm(x, delta, _ptr(m.norm.weight), h, rows, d, m.norm.eps)
+        lib.add_rmsnorm(x, delta, _ptr(m.norm.weight), h, rows, d, m.norm.eps, threads)
         head()
         cache.length += 1
         return buf["logits"].clone()
