@@ -84,7 +84,12 @@ class FakeMachine:
 
 
 class Bench:
-    """What an exercise function receives: ``clock()`` plus the work (see the subclasses)."""
+    """What an exercise function receives: ``clock()`` plus the work (see the subclasses).
+
+    Under ``memwall grade`` the bench stays in the grader's process (``served_remotely``): the
+    student's function gets a stand-in whose calls run here, so the true timings stay here too."""
+
+    served_remotely = True
 
     def __init__(self, machine: FakeMachine):
         self._machine = machine
@@ -216,13 +221,3 @@ def build_case(case: dict) -> dict:
 
 def _is_bench_spec(value) -> bool:
     return isinstance(value, dict) and set(value) == {"bench", "spec"}
-
-
-try:  # the grader's channel builds benches through its builder registry, when it exists
-    from memwall.exercise_driver.builders import builder as _register_builder
-except ImportError:  # pragma: no cover - older trees
-    _register_builder = None
-
-if _register_builder is not None:
-    for _kind in KINDS:
-        _register_builder(f"bench:{_kind}")(lambda spec, _kind=_kind: build(_kind, spec))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from memwall.exercise_driver.builders import build as driver_build
+from memwall.exercise_driver.values import remote_handle, to_plain
 from memwall.fakeclock import bench_spec, build, build_case
 
 
@@ -78,14 +78,15 @@ def test_bad_specs_and_arguments_raise_clear_errors(kind, spec, message):
         build("formats", {"seconds_by_format": {"fp32": 1.0}}).matvec("int3")
 
 
-def test_a_case_is_plain_json_and_builds_on_either_side():
+def test_a_case_is_plain_json_and_its_bench_stays_on_the_graders_side():
     case = {"bench": bench_spec("ab", a_s=0.01, b_s=0.02), "repeats": 5}
     assert json.loads(json.dumps(case)) == case
     built = build_case(case)
     assert built["repeats"] == 5 and timed(built["bench"], "run_b") == pytest.approx(0.02)
-    # the grading channel builds the same bench through its builder registry
-    through_driver = driver_build("bench:ab", case["bench"]["spec"])
-    assert timed(through_driver, "run_b") == pytest.approx(0.02)
+    # over the grading channel a bench is a handle to its public methods, not its data
+    handle = to_plain(built["bench"], remote=lambda value: remote_handle(0, value))
+    assert handle["methods"] == ["clock", "run_a", "run_b"] and handle["attributes"] == []
+    assert "0.02" not in json.dumps(handle)
 
 
 def test_a_verify_pass_costs_one_step_plus_its_guesses():

@@ -2,6 +2,7 @@
 submission discovery, CSV escaping, and the checks made before any grading starts."""
 
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -62,18 +63,83 @@ def test_the_grader_judges_a_served_function_itself(tmp_path, monkeypatch):
     assert "wrong answer for matmul_intensity(m=" in verdicts["demo.matmul_intensity"].message
 
 
-def test_a_measured_case_is_built_in_the_students_process(tmp_path, monkeypatch):
+def test_a_measured_case_stays_in_the_grader(tmp_path, monkeypatch):
+    """The student's function gets a stand-in for the workload: its methods run in the grader,
+    and the true step times (private attributes) are not in the student's process to read."""
     from memwall.grading.checks.demo import reference_mean_step_s
 
-    built = []
+    seen = []
 
     def mean_step_s(workload):
-        built.append(type(workload).__name__)
+        seen.append((type(workload).__name__, hasattr(workload, "_step_times_s")))
         return reference_mean_step_s(workload)
+
+    def reads_the_truth(workload):
+        times = workload._step_times_s  # the fake clock's answer, were it here
+        return sum(times) / len(times)
 
     verdicts = served(tmp_path, monkeypatch, {"demo.mean_step_s": mean_step_s})
     assert verdicts["demo.mean_step_s"].passed
-    assert built and set(built) == {"FakeClockWorkload"}
+    assert seen and set(seen) == {("GraderObject", False)}
+    (tmp_path / "again").mkdir()
+    verdicts = served(tmp_path / "again", monkeypatch, {"demo.mean_step_s": reads_the_truth})
+    assert not verdicts["demo.mean_step_s"].passed
+    assert "AttributeError" in verdicts["demo.mean_step_s"].message
+
+
+def _cache_cliff_from_the_truth(bench, sizes, repeats):
+    return max(size for size in sizes if size <= bench._cache_bytes)
+
+
+def _slowdown_from_the_truth(bench, repeats):
+    return bench._b_s / bench._a_s
+
+
+@pytest.mark.parametrize(
+    "name, cheat",
+    [
+        ("ch03.cache_cliff", _cache_cliff_from_the_truth),
+        ("ch09.ab_slowdown", _slowdown_from_the_truth),
+    ],
+)
+def test_a_measured_exercise_cannot_read_its_benchs_truth(tmp_path, monkeypatch, name, cheat):
+    """Returning the bench's private true numbers scores nothing under the grader, though the
+    same function passes where the bench is built in its own process (the notebook's check)."""
+    from memwall.grading.checking import run_check
+
+    assert run_check(get_check(name), cheat, random.Random(1)).passed
+    verdicts = served(tmp_path, monkeypatch, {name: cheat})
+    assert not verdicts[name].passed
+    assert "AttributeError" in verdicts[name].message
+
+
+def test_the_grader_runs_only_public_calls_on_a_served_bench():
+    from memwall.exercise_driver.values import remote_handle
+    from memwall.fakeclock import build
+    from memwall.grading.channel import invoke
+
+    def arguments(*args):  # what the student's stand-in sends
+        return to_plain([list(args), {}])
+
+    bench = build("formats", {"seconds_by_format": {"fp32": 0.01}})
+    served = [(bench, remote_handle(0, bench))]
+    assert invoke(served, [0, "clock", arguments()]) == {"result": 0.0}
+    assert invoke(served, [0, "matvec", arguments("fp32")]) == {"result": None}
+    assert invoke(served, [0, "clock", arguments()])["result"] == pytest.approx(0.01)
+    refused = [
+        [0, "_seconds", None],  # private data
+        [0, "_machine", arguments()],
+        [0, "__class__", None],
+        [-1, "clock", arguments()],  # not a served object
+        [1, "clock", arguments()],
+        [True, "clock", arguments()],
+        [0, "matvec", None],  # a method read as a property
+        "nonsense",
+    ]
+    for request in refused:
+        assert "error" in invoke(served, request), request
+    kind, message = invoke(served, [0, "matvec", arguments("int3")])["error"]
+    assert kind == "ValueError" and "unknown format" in message  # the bench's own refusal
 
 
 def test_one_slow_call_times_out_and_scores_nothing(tmp_path, monkeypatch):

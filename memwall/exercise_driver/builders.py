@@ -13,7 +13,7 @@ student can read it) and list that module in ``BUILDER_MODULES`` so it is import
 import importlib
 
 # Modules that register builders when imported (a missing one is skipped).
-BUILDER_MODULES = ("memwall.exercise_driver.fake_clock", "memwall.fakeclock")
+BUILDER_MODULES = ("memwall.exercise_driver.fake_clock",)
 
 _BUILDERS = {}
 

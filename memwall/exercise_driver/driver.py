@@ -10,11 +10,15 @@ Messages are one JSON object per line:
 
     kernel -> grader  {"hello": "ch01.ttft", "function": "ttft_ms", "callable": true}
     grader -> kernel  {"call": [args, kwargs]}          (both through values.to_plain)
+    while the call runs, for each method call on a bench that stays in the grader:
+      kernel -> grader  {"invoke": [id, "run_a", [args, kwargs]]}   (None: read a property)
+      grader -> kernel  {"result": ...} | {"error": ["ValueError", "..."]}
     kernel -> grader  {"value": ...} | {"raised": "ValueError", "message": "..."}
                       | {"not_implemented": "..."} | {"unsendable": "..."} | {"interrupted": true}
     grader -> kernel  {"done": "one line for the student"}
 """
 
+import builtins
 import json
 import os
 import signal
@@ -48,10 +52,57 @@ def serve(name, answer):
                 if message is None or "done" in message:
                     print(f"{name}: {str((message or {}).get('done', 'handed in'))[:MAX_TEXT]}")
                     return
-                args, kwargs = from_plain(message.get("call"), allow_build=True)
+                args, kwargs = from_plain(
+                    message.get("call"),
+                    allow_build=True,
+                    remote=lambda handle: GraderObject(stream, handle),
+                )
                 _send(stream, call_once(answer, args, kwargs, limit))
     except (BrokenPipeError, ConnectionResetError):
         print(f"{name}: the grader ended this check (a call ran over its time limit?)")
+
+
+class GraderObject:
+    """Stands in for an object that stays in the grader (a fake bench): its public methods and
+    properties are calls over the channel, and nothing else of it is here to read."""
+
+    def __init__(self, stream, handle):
+        self.__stream, self.__handle = stream, handle
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # private names are not served (and copy/pickle probe them)
+            raise AttributeError(name)
+        handle = self.__handle
+        if name in handle["methods"]:
+            return lambda *args, **kwargs: self.__invoke(name, [list(args), kwargs])
+        if name in handle["attributes"]:
+            return self.__invoke(name, None)
+        raise AttributeError(f"{handle['kind']} has no attribute {name!r}")
+
+    def __invoke(self, name, arguments):
+        plain = None if arguments is None else to_plain(arguments)
+        _send(self.__stream, {"invoke": [self.__handle["id"], name, plain]})
+        reply = _receive(self.__stream)
+        if reply is None or "done" in reply:
+            raise ConnectionError("the grader ended this check")
+        if "result" in reply:
+            return from_plain(reply["result"])
+        kind, message = (list(reply.get("error") or []) + ["RuntimeError", ""])[:2]
+        raise _exception(str(kind), str(message))
+
+    def __dir__(self):
+        return sorted(self.__handle["methods"] + self.__handle["attributes"])
+
+    def __repr__(self):
+        return f"<{self.__handle['kind']} on the grader's fake clock>"
+
+
+def _exception(kind: str, message: str) -> Exception:
+    """The bench's error with its builtin type where it has one (ValueError for a bad size)."""
+    builtin = getattr(builtins, kind, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception):
+        return builtin(message)
+    return RuntimeError(f"{kind}: {message}")
 
 
 def hello(name, answer) -> dict:

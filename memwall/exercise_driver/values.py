@@ -11,6 +11,11 @@ lists pass as they are; everything else is a dict tagged with ``"__memwall__"``:
 - ``{"__memwall__": "build", "builder": "fake_clock_workload", "spec": {...}}``: an input that
   ``memwall.exercise_driver.builders`` turns into an object where the function is called. Build
   specs are accepted only as inputs (``allow_build=True``), never in a student's result.
+- ``{"__memwall__": "remote", "id": 0, "kind": "ABBench", "methods": [...], "attributes": [...]}``:
+  an object that stays in the grader (a fake bench: its true timings must not reach the
+  student's process). ``to_plain(..., remote=register)`` writes it for objects whose class sets
+  ``served_remotely``; ``from_plain(..., remote=make_proxy)`` turns it into a stand-in whose
+  method calls go back over the channel (``exercise_driver.driver``).
 """
 
 import math
@@ -25,8 +30,9 @@ class NotPlain(ValueError):
     """A value the channel cannot carry (an object, a function, a complex number...)."""
 
 
-def to_plain(value, _depth=0, _budget=None):
-    """``value`` as JSON-ready data (see the module docstring); raises NotPlain."""
+def to_plain(value, _depth=0, _budget=None, remote=None):
+    """``value`` as JSON-ready data (see the module docstring); raises NotPlain. ``remote(obj)``
+    returns a remote handle for an object that stays on this side, or None."""
     budget = _budget if _budget is not None else [MAX_ITEMS]
     if _depth > MAX_DEPTH:
         raise NotPlain("nested too deeply")
@@ -40,51 +46,87 @@ def to_plain(value, _depth=0, _budget=None):
     if isinstance(value, numbers.Real):
         return float(value)
     if isinstance(value, list):
-        return [to_plain(item, _depth + 1, budget) for item in value]
+        return [to_plain(item, _depth + 1, budget, remote) for item in value]
     if isinstance(value, tuple):
-        return {TAG: "tuple", "items": [to_plain(item, _depth + 1, budget) for item in value]}
+        items = [to_plain(item, _depth + 1, budget, remote) for item in value]
+        return {TAG: "tuple", "items": items}
     if is_build_spec(value):
         return value
     if isinstance(value, dict):
         items = [
-            [to_plain(key, _depth + 1, budget), to_plain(item, _depth + 1, budget)]
+            [to_plain(key, _depth + 1, budget, remote), to_plain(item, _depth + 1, budget, remote)]
             for key, item in value.items()
         ]
         return {TAG: "dict", "items": items}
     array = _array_to_plain(value, budget)
     if array is not None:
         return array
+    handle = remote(value) if remote is not None else None
+    if handle is not None:
+        return handle
     raise NotPlain(f"a {type(value).__name__} cannot be sent to the grader")
 
 
-def from_plain(data, allow_build=False, _depth=0):
-    """The value ``to_plain`` encoded; build specs are built only when ``allow_build``."""
+def from_plain(data, allow_build=False, _depth=0, remote=None):
+    """The value ``to_plain`` encoded; build specs are built only when ``allow_build``, remote
+    handles become ``remote(handle)`` only when it is given."""
     if _depth > MAX_DEPTH:
         raise NotPlain("nested too deeply")
     if data is None or isinstance(data, (bool, int, float, str)):
         return data
     if isinstance(data, list):
-        return [from_plain(item, allow_build, _depth + 1) for item in data]
+        return [from_plain(item, allow_build, _depth + 1, remote) for item in data]
     if not isinstance(data, dict):
         raise NotPlain(f"unexpected {type(data).__name__}")
     tag = data.get(TAG)
     if tag == "tuple":
-        return tuple(from_plain(item, allow_build, _depth + 1) for item in _items(data))
+        return tuple(from_plain(item, allow_build, _depth + 1, remote) for item in _items(data))
     if tag == "dict":
         pairs = [_pair(pair) for pair in _items(data)]
         return {
-            _hashable(from_plain(key, allow_build, _depth + 1)): from_plain(
-                item, allow_build, _depth + 1
+            _hashable(from_plain(key, allow_build, _depth + 1, remote)): from_plain(
+                item, allow_build, _depth + 1, remote
             )
             for key, item in pairs
         }
     if tag == "array":
         return _array_from_plain(data)
+    if tag == "remote" and remote is not None:
+        return remote(remote_handle_fields(data))
     if tag == "build" and allow_build:
         from memwall.exercise_driver.builders import build
 
         return build(str(data.get("builder")), from_plain(data.get("spec"), False, _depth + 1))
     raise NotPlain(f"unknown value tag {str(tag)[:40]!r}")
+
+
+def remote_handle(number: int, value) -> dict:
+    """The handle by which the other side calls ``value``'s public methods and reads its public
+    properties (nothing else of it crosses)."""
+    cls = type(value)
+    names = [name for name in dir(cls) if not name.startswith("_")]
+    return {
+        TAG: "remote",
+        "id": number,
+        "kind": cls.__name__,
+        "methods": [name for name in names if callable(getattr(cls, name))],
+        "attributes": [name for name in names if isinstance(getattr(cls, name), property)],
+    }
+
+
+def remote_handle_fields(data) -> dict:
+    """A received handle, checked: an int id, a kind, lists of names."""
+    fields = {key: data.get(key) for key in ("id", "kind", "methods", "attributes")}
+    names = (fields["methods"], fields["attributes"])
+    if not (
+        isinstance(fields["id"], int)
+        and isinstance(fields["kind"], str)
+        and all(
+            isinstance(group, list) and all(isinstance(n, str) for n in group) for group in names
+        )
+    ):
+        raise NotPlain("malformed remote handle")
+    return fields
 
 
 def build_spec(builder: str, **spec) -> dict:

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 
-from memwall.exercise_driver.values import NotPlain, from_plain, to_plain
+from memwall.exercise_driver.values import NotPlain, from_plain, remote_handle, to_plain
 from memwall.grading.checking import Verdict, grader_rng, run_check
 
 HELLO_SECONDS = 10.0
@@ -42,7 +42,11 @@ class BadReply(ChannelStop):
 
 
 class RemoteFunction:
-    """The student's function, as seen from the grader: plain data in, a plain value out."""
+    """The student's function, as seen from the grader: plain data in, a plain value out.
+
+    An argument whose class sets ``served_remotely`` (a fake bench) stays here: the student's
+    function gets a stand-in, and each of its method calls comes back as an ``invoke`` message
+    that runs on the grader's object, so the bench's true timings never reach the student."""
 
     def __init__(self, connection, name, call_seconds):
         self.connection, self.call_seconds = connection, call_seconds
@@ -52,8 +56,20 @@ class RemoteFunction:
         return self.call_plain(args, kwargs)
 
     def call_plain(self, args, kwargs):
-        send(self.connection, {"call": to_plain([list(args), dict(kwargs)])})
-        reply = receive(self.connection, time.monotonic() + self.call_seconds)
+        served = []
+
+        def register(value):
+            if not getattr(type(value), "served_remotely", False):
+                return None
+            served.append((value, remote_handle(len(served), value)))
+            return served[-1][1]
+
+        send(self.connection, {"call": to_plain([list(args), dict(kwargs)], remote=register)})
+        deadline = time.monotonic() + self.call_seconds  # the bench's calls count in the limit
+        reply = receive(self.connection, deadline)
+        while reply is not None and "invoke" in reply:
+            send(self.connection, invoke(served, reply["invoke"]))
+            reply = receive(self.connection, deadline)
         if reply is None:
             raise ConnectionLost()
         if "value" in reply:
@@ -138,6 +154,33 @@ class GraderChannel:
             )
         except BadReply as error:
             return Verdict(False, f"{spec.name}: {error}")
+
+
+def invoke(served, request) -> dict:
+    """Run one method call (or property read) that the student's stand-in sent for a served
+    object: ``[id, name, [args, kwargs]]`` or ``[id, name, None]`` to read a property. Only the
+    public names of the handle are reachable, and only plain data goes in and out."""
+    try:
+        number, name, arguments = request
+    except (TypeError, ValueError):
+        number = name = arguments = None
+    if type(number) is not int or not 0 <= number < len(served) or not isinstance(name, str):
+        return {"error": ["ValueError", "malformed call on the bench"]}
+    value, handle = served[number]
+    if name in handle["attributes"] and arguments is None:
+        call = lambda: getattr(value, name)  # noqa: E731
+    elif name in handle["methods"] and arguments is not None:
+        try:
+            args, kwargs = from_plain(arguments)
+            call = lambda: getattr(value, name)(*args, **kwargs)  # noqa: E731
+        except (NotPlain, RecursionError, TypeError, ValueError):
+            return {"error": ["ValueError", f"{name}: arguments the grader cannot read"]}
+    else:
+        return {"error": ["AttributeError", f"{handle['kind']} has no attribute {name!r}"]}
+    try:
+        return {"result": to_plain(call())}
+    except Exception as error:  # the bench's own refusal (a bad size, an unknown format)
+        return {"error": [type(error).__name__[:80], str(error)[:MAX_TEXT]]}
 
 
 def remote_exception(name: str, message: str) -> Exception:

@@ -25,7 +25,7 @@ def compare_function(student, reference, cases, rtol=DEFAULT_RTOL, atol=0.0, com
     Build specs in a case (exercise_driver.values.build_spec) become objects for both functions.
     ``compare(expected, got)`` returns None or what differs; by default ``difference`` with
     ``rtol`` and ``atol``. A student function served over the grading channel (it has
-    ``call_plain``) gets the case as plain data and builds the objects in its own process.
+    ``call_plain``) gets plain data, and stand-ins for the built objects, which stay here.
     """
     __tracebackhide__ = True  # IPython hides this frame, so students see the message only.
     if not callable(student):
@@ -39,7 +39,7 @@ def compare_function(student, reference, cases, rtol=DEFAULT_RTOL, atol=0.0, com
         try:
             # Copies, so a student function that mutates its input cannot change the case.
             if hasattr(student, "call_plain"):
-                got = student.call_plain(args, kwargs)
+                got = student.call_plain(fresh(args), fresh(kwargs))
             else:
                 got = student(*fresh(args), **fresh(kwargs))
         except NotImplementedError:

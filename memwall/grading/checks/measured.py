@@ -4,7 +4,9 @@ Each measured check is three separable parts, so the grader can run them on its 
 (a) a case generator that draws plain data from the rng: keyword arguments, one of which is a
 ``memwall.fakeclock.bench_spec`` describing a pretend machine; (b) a reference that computes
 the machine's truth from that plain data; (c) a comparison of the student's result with it.
-Only the student's call builds the bench (``memwall.fakeclock.build_case``).
+Only the student's call builds the bench (``memwall.fakeclock.build_case``). Under
+``memwall grade`` the bench stays in the grader: the student's function gets a stand-in whose
+calls come back over the channel (``grading.channel.RemoteFunction``).
 """
 
 from memwall.fakeclock import build_case
@@ -37,19 +39,12 @@ def compare_measured(student, reference, cases, rtol, atol=0.0) -> int:
 
 
 def call_student(student, case):
-    """The student's result: called here on built benches, or over the grading channel, where
-    the student's kernel builds the benches from the same plain data."""
+    """The student's result on freshly built benches: called here, or over the grading channel,
+    where the benches stay on this side and the student's kernel gets stand-ins."""
+    built = build_case(case)
     if hasattr(student, "call_plain"):
-        from memwall.exercise_driver.values import build_spec
-
-        plain = {
-            key: build_spec(f"bench:{value['bench']}", **value["spec"])
-            if is_bench(value)
-            else value
-            for key, value in case.items()
-        }
-        return student.call_plain((), plain)
-    return student(**build_case(case))
+        return student.call_plain((), built)
+    return student(**built)
 
 
 def is_bench(value) -> bool:
