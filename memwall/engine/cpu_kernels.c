@@ -74,24 +74,54 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
     }
 }
 
-/* W: codes [out, in] int8 and one bf16 scale per output row; `in` a multiple of 32.
- * Four accumulators, so that consecutive FMAs do not wait on each other's results. */
+/* fp32_tile's shape for int8 codes: each 8 codes become floats once for the tile's `nr` (1 to 3)
+ * activation rows, not once per row (see kernels_avx512.c). */
+static inline __attribute__((always_inline)) void int8_tile(const float *x, const int8_t *w,
+                                                            const uint16_t *scales, float *y,
+                                                            long in, long out, const int nr) {
+    __m256 acc[4][3];
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 3; j++) acc[k][j] = _mm256_setzero_ps();
+    for (long i = 0; i < in; i += 8) {
+        if (i % 64 == 0)
+            for (int k = 4; k < 8; k++) _mm_prefetch((const char *)(w + k * in + i), _MM_HINT_T0);
+        __m256 xv[3];
+        for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * in + i);
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = int8x8_to_float(w + k * in + i);
+            for (int j = 0; j < nr; j++) acc[k][j] = _mm256_fmadd_ps(wv, xv[j], acc[k][j]);
+        }
+    }
+    __m128 scale = _mm_set_ps(bf16_to_float(scales[3]), bf16_to_float(scales[2]),
+                              bf16_to_float(scales[1]), bf16_to_float(scales[0]));
+    for (int j = 0; j < nr; j++)
+        _mm_storeu_ps(y + j * out, _mm_mul_ps(scale, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j])));
+}
+
+/* W: codes [out, in] int8 and one bf16 scale per output row; `in` a multiple of 32. Output rows
+ * in tiles of 4 (the last out % 4 one at a time); a row's result does not depend on the others. */
 void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
                  long rows, long in, long out, int threads) {
+    long tiled = out - out % 4;
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o++) {
-        const int8_t *w = codes + o * in;
-        float scale = bf16_to_float(scales[o]);
-        for (long r = 0; r < rows; r++) {
-            const float *xr = x + r * in;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (long i = 0; i < in; i += 32) {
-                a0 = _mm256_fmadd_ps(int8x8_to_float(w + i), _mm256_loadu_ps(xr + i), a0);
-                a1 = _mm256_fmadd_ps(int8x8_to_float(w + i + 8), _mm256_loadu_ps(xr + i + 8), a1);
-                a2 = _mm256_fmadd_ps(int8x8_to_float(w + i + 16), _mm256_loadu_ps(xr + i + 16), a2);
-                a3 = _mm256_fmadd_ps(int8x8_to_float(w + i + 24), _mm256_loadu_ps(xr + i + 24), a3);
+    for (long o = 0; o < out; o += 4) {
+        if (o < tiled) {
+            const int8_t *w = codes + o * in;
+            long r = 0;
+            for (; r + 3 <= rows; r += 3) int8_tile(x + r * in, w, scales + o, y + r * out + o, in, out, 3);
+            float *yr = y + r * out + o;
+            if (rows - r == 2) int8_tile(x + r * in, w, scales + o, yr, in, out, 2);
+            if (rows - r == 1) int8_tile(x + r * in, w, scales + o, yr, in, out, 1);
+            continue;
+        }
+        for (long k = o; k < out; k++) {
+            const int8_t *w = codes + k * in;
+            for (long r = 0; r < rows; r++) {
+                __m256 sum = _mm256_setzero_ps();
+                for (long i = 0; i < in; i += 8)
+                    sum = _mm256_fmadd_ps(int8x8_to_float(w + i), _mm256_loadu_ps(x + r * in + i), sum);
+                y[r * out + k] = bf16_to_float(scales[k]) * sum8(sum);
             }
-            y[r * out + o] = scale * sum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         }
     }
 }
