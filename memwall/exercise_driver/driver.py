@@ -52,10 +52,9 @@ def serve(name, answer):
                 if message is None or "done" in message:
                     print(f"{name}: {str((message or {}).get('done', 'handed in'))[:MAX_TEXT]}")
                     return
+                # built objects stay in the grader: they arrive as handles, never as specs
                 args, kwargs = from_plain(
-                    message.get("call"),
-                    allow_build=True,
-                    remote=lambda handle: GraderObject(stream, handle),
+                    message.get("call"), remote=lambda handle: GraderObject(stream, handle)
                 )
                 _send(stream, call_once(answer, args, kwargs, limit))
     except (BrokenPipeError, ConnectionResetError):
