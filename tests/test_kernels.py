@@ -96,7 +96,7 @@ def runnable_variants():
 
 
 VARIANTS = runnable_variants()
-ROWS = [1, 2, 3, 4, 5, 9, 17]
+ROWS = [1, 2, 3, 4, 5, 9, 12, 13, 16, 17]
 
 
 def close(ours, reference):

@@ -30,11 +30,9 @@ static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
-/* 4 output rows x `nr` (1 to 4) activation rows: 16 sums in registers. With several activation
- * rows a tile computes for longer than its weights take to arrive, the core keeps fewer of its
- * loads in flight, and the stream slows down (at 4 rows the step took 1.8x the 1-row time for
- * the same bytes); so each iteration asks for the same cache line of the next tile's 4 weight
- * rows, one tile ahead. */
+/* 4 output rows x `nr` (1 to 4) activation rows: 16 sums in registers, each weight vector used
+ * for every row of the tile. Each iteration asks for the same cache line of the next tile's 4
+ * weight rows, one tile ahead. */
 static inline __attribute__((always_inline)) void fp32_tile(const float *x, const float *w, float *y,
                                                             long in, long y_stride, const int nr) {
     __m512 acc[4][4];
@@ -63,24 +61,90 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * y_stride, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
+/* 2 output rows x `nr` (1 to PAIR_ROWS) activation rows, for decode batches: one pass over the
+ * two weight rows, each weight vector meeting every activation row as soon as it arrives. The 4x4
+ * tile makes 4 activation rows at a time, so at 8 or 16 rows it reads its weights again from L1
+ * while the memory stream idles; streamed, its time comes close to the sum of the stream and the
+ * arithmetic. Each iteration asks for the two cache lines 4 weight rows (two tiles) ahead, a
+ * steady trickle at the rate the tile consumes them. Sums are reduced with `sum4` in the 4x4
+ * tile's order, so a row gets the same bits whichever tile made it. On the model's 121 matrices,
+ * streamed, against the 4x4 tile: 11.6 vs 12.9 ms at 4 rows, 12.3 vs 12.8 at 8, 18.7 vs 20.7 at
+ * 16, but 11.2 vs 10.8 at 1 row. With many rows (prefill, the compute roof's product) the 4x4
+ * tile is faster: it reuses each row of x four times from L1, where this tile takes its 12 rows
+ * of x from L2 for every pair of weight rows (200 against 440 GFLOP/s at 128 rows). */
+#define PAIR_ROWS 12
+#define PAIR_MAX_ROWS 16 /* decode batches; more rows take the 4x4 tile */
+static inline __attribute__((always_inline)) void fp32_pair_tile(const float *x, const float *w,
+                                                                 float *y, long in, long y_stride,
+                                                                 const int nr) {
+    __m512 acc[2][PAIR_ROWS];
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < nr; j++) acc[k][j] = _mm512_setzero_ps();
+    const float *ahead = w + 4 * in;
+    long i = 0;
+    for (; i + 16 <= in; i += 16) {
+        _mm_prefetch((const char *)(ahead + 2 * i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(ahead + 2 * i + 16), _MM_HINT_T0);
+        __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + in + i);
+        for (int j = 0; j < nr; j++) {
+            __m512 xv = _mm512_loadu_ps(x + j * in + i);
+            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
+            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+        }
+    }
+    if (i < in) {
+        __mmask16 tail = (__mmask16)((1u << (in - i)) - 1);
+        __m512 w0 = _mm512_maskz_loadu_ps(tail, w + i), w1 = _mm512_maskz_loadu_ps(tail, w + in + i);
+        for (int j = 0; j < nr; j++) {
+            __m512 xv = _mm512_maskz_loadu_ps(tail, x + j * in + i);
+            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
+            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+        }
+    }
+    const __m512 zero = _mm512_setzero_ps();
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < nr; j += 4) {
+            float sums[4];
+            _mm_storeu_ps(sums, sum4(acc[k][j], j + 1 < nr ? acc[k][j + 1] : zero,
+                                     j + 2 < nr ? acc[k][j + 2] : zero, j + 3 < nr ? acc[k][j + 3] : zero));
+            for (int q = 0; q < 4 && j + q < nr; q++) y[(j + q) * y_stride + k] = sums[q];
+        }
+}
+
+#define PAIR_TILE_CASE(n) \
+    case n: fp32_pair_tile(xr, wo, yr, in, y_stride, n); break;
+
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
-    for (long o = 0; o < n_out; o += 4) {
-        const float *wo = w + o * in;
-        long r = 0;
-        for (; r + 4 <= rows; r += 4) fp32_tile(x + r * in, wo, y + r * y_stride + o, in, y_stride, 4);
-        float *yr = y + r * y_stride + o;
-        if (rows - r == 3) fp32_tile(x + r * in, wo, yr, in, y_stride, 3);
-        if (rows - r == 2) fp32_tile(x + r * in, wo, yr, in, y_stride, 2);
-        if (rows - r == 1) fp32_tile(x + r * in, wo, yr, in, y_stride, 1);
+    if (rows == 1 || rows > PAIR_MAX_ROWS) {
+        for (long o = 0; o < n_out; o += 4) {
+            const float *wo = w + o * in;
+            long r = 0;
+            for (; r + 4 <= rows; r += 4) fp32_tile(x + r * in, wo, y + r * y_stride + o, in, y_stride, 4);
+            float *yr = y + r * y_stride + o;
+            if (rows - r == 3) fp32_tile(x + r * in, wo, yr, in, y_stride, 3);
+            if (rows - r == 2) fp32_tile(x + r * in, wo, yr, in, y_stride, 2);
+            if (rows - r == 1) fp32_tile(x + r * in, wo, yr, in, y_stride, 1);
+        }
+        return;
     }
+    for (long o = 0; o < n_out; o += 2)
+        for (long r = 0; r < rows; r += PAIR_ROWS) {
+            const float *xr = x + r * in, *wo = w + o * in;
+            float *yr = y + r * y_stride + o;
+            switch (rows - r < PAIR_ROWS ? rows - r : PAIR_ROWS) {
+                PAIR_TILE_CASE(1) PAIR_TILE_CASE(2) PAIR_TILE_CASE(3) PAIR_TILE_CASE(4)
+                PAIR_TILE_CASE(5) PAIR_TILE_CASE(6) PAIR_TILE_CASE(7) PAIR_TILE_CASE(8)
+                PAIR_TILE_CASE(9) PAIR_TILE_CASE(10) PAIR_TILE_CASE(11) PAIR_TILE_CASE(12)
+            }
+        }
 }
 
 static inline __m512 int8x16_to_float(const int8_t *codes) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes)));
 }
 
-/* 4 output rows of int8 codes x `nr` (1 to 4) activation rows: fp32_tile's shape, with each 16
+/* 4 output rows of int8 codes x `nr` (1 to 4) activation rows, with each 16
  * codes turned into floats once for every activation row of the tile (a kernel that converted
  * them once per row was compute-bound from 2 rows: 47 / 73 / 174 us at 1 / 4 / 8 rows for
  * 3072x576). The next tile's codes are requested one tile ahead, a cache line per 64 codes. */
