@@ -93,14 +93,22 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
         long kv = row * cache_stride + (h / (heads / kv_heads)) * max_tokens * head_dim;
         const float *qh = qkv + row * width + h * head_dim;
         const float *keys = k_cache + kv, *values = v_cache + kv;
+        /* the next job's cache, whose first tokens are asked for while this job ends */
+        long next_row = (job + 1) / heads, next_h = (job + 1) % heads;
+        long next_kv = next_row * cache_stride + (next_h / (heads / kv_heads)) * max_tokens * head_dim;
         float *scores = scratch + job * length, top = -INFINITY, total = 0.0f;
         for (long t = 0; t < length; t++) {
             const float *key = keys + t * head_dim;
-            if (t + 8 < length) /* the cache comes from memory: ask for token t + 8's lines now */
-                for (long i = 0; i < head_dim; i += 16) {
-                    __builtin_prefetch(key + 8 * head_dim + i);
-                    __builtin_prefetch(values + (t + 8) * head_dim + i);
-                }
+            /* the cache comes from memory: ask for token t + 8's lines now */
+            const float *k_ahead = keys + (t + 8) * head_dim, *v_ahead = values + (t + 8) * head_dim;
+            if (t + 8 >= length) {
+                k_ahead = k_cache + next_kv + (t + 8 - length) * head_dim;
+                v_ahead = v_cache + next_kv + (t + 8 - length) * head_dim;
+            }
+            for (long i = 0; i < head_dim; i += 16) {
+                __builtin_prefetch(k_ahead + i);
+                __builtin_prefetch(v_ahead + i);
+            }
             float dot = 0.0f;
             #pragma omp simd reduction(+ : dot)
             for (long i = 0; i < head_dim; i++) dot += qh[i] * key[i];
