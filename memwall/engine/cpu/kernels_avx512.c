@@ -61,48 +61,51 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * y_stride, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
-/* 2 output rows x `nr` (1 to PAIR_ROWS) activation rows, for decode batches: one pass over the
- * two weight rows, each weight vector meeting every activation row as soon as it arrives. The 4x4
- * tile makes 4 activation rows at a time, so at 8 or 16 rows it reads its weights again from L1
- * while the memory stream idles; streamed, its time comes close to the sum of the stream and the
- * arithmetic. Each iteration asks for the two cache lines 4 weight rows (two tiles) ahead, a
- * steady trickle at the rate the tile consumes them. Sums are reduced with `sum4` in the 4x4
- * tile's order, so a row gets the same bits whichever tile made it. On the model's 121 matrices,
- * streamed, against the 4x4 tile: 11.6 vs 12.9 ms at 4 rows, 12.3 vs 12.8 at 8, 18.7 vs 20.7 at
- * 16, but 11.2 vs 10.8 at 1 row. With many rows (prefill, the compute roof's product) the 4x4
- * tile is faster: it reuses each row of x four times from L1, where this tile takes its 12 rows
- * of x from L2 for every pair of weight rows (200 against 440 GFLOP/s at 128 rows). */
-#define PAIR_ROWS 12
-#define PAIR_MAX_ROWS 16 /* decode batches; more rows take the 4x4 tile */
-static inline __attribute__((always_inline)) void fp32_pair_tile(const float *x, const float *w,
-                                                                 float *y, long in, long y_stride,
-                                                                 const int nr) {
-    __m512 acc[2][PAIR_ROWS];
-    for (int k = 0; k < 2; k++)
+/* Decode batches (2 to STREAM_MAX_ROWS rows): `ko` (2 or 4) output rows x `nr` (up to
+ * STREAM_SUMS / ko) activation rows in one pass over the weight rows, each weight vector meeting
+ * every activation row as soon as it arrives. The 4x4 tile makes 4 activation rows at a time, so
+ * at 8 or 16 rows it reads its weights again from L1 while the memory stream idles; streamed, its
+ * time comes close to the sum of the stream and the arithmetic. Each iteration asks for the `ko`
+ * cache lines two tiles ahead, a steady trickle at the rate the tile consumes them. Sums are
+ * reduced with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made
+ * it. 2 x 12 when the tile's rows of x fit in L1 beside the weights; 4 x 6 (each x vector used
+ * four times) when they do not, as for the MLP's down projection. The model's 121 matrices
+ * streamed, ms: 11.6 / 12.3 / 18.7 at 4 / 8 / 16 rows against 12.9 / 12.8 / 20.7 for the 4x4
+ * tile; the down projections alone at 8 / 16 rows, 2 x 12: 9.3 / 15.2, 4 x 6: 7.9 / 12.7, 4x4:
+ * 8.7 / 14.4. With many rows (prefill, the compute roof's product) the 4x4 tile is faster: 440
+ * GFLOP/s at 128 rows against 200 for 2 x 12, which takes x from L2 for every pair of weight
+ * rows. */
+#define STREAM_SUMS 24
+#define STREAM_MAX_ROWS 16
+#define L1_X_FLOATS 8192 /* 32 KiB of x per tile pass: at most two thirds of an L1 */
+static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
+                                                                   float *y, long in, long y_stride,
+                                                                   const int ko, const int nr) {
+    __m512 acc[4][STREAM_SUMS / 2];
+    for (int k = 0; k < ko; k++)
         for (int j = 0; j < nr; j++) acc[k][j] = _mm512_setzero_ps();
-    const float *ahead = w + 4 * in;
+    const float *ahead = w + 2 * ko * in;
     long i = 0;
     for (; i + 16 <= in; i += 16) {
-        _mm_prefetch((const char *)(ahead + 2 * i), _MM_HINT_T0);
-        _mm_prefetch((const char *)(ahead + 2 * i + 16), _MM_HINT_T0);
-        __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + in + i);
+        for (int k = 0; k < ko; k++) _mm_prefetch((const char *)(ahead + ko * i + 16 * k), _MM_HINT_T0);
+        __m512 wv[4];
+        for (int k = 0; k < ko; k++) wv[k] = _mm512_loadu_ps(w + k * in + i);
         for (int j = 0; j < nr; j++) {
             __m512 xv = _mm512_loadu_ps(x + j * in + i);
-            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
-            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+            for (int k = 0; k < ko; k++) acc[k][j] = _mm512_fmadd_ps(wv[k], xv, acc[k][j]);
         }
     }
     if (i < in) {
         __mmask16 tail = (__mmask16)((1u << (in - i)) - 1);
-        __m512 w0 = _mm512_maskz_loadu_ps(tail, w + i), w1 = _mm512_maskz_loadu_ps(tail, w + in + i);
+        __m512 wv[4];
+        for (int k = 0; k < ko; k++) wv[k] = _mm512_maskz_loadu_ps(tail, w + k * in + i);
         for (int j = 0; j < nr; j++) {
             __m512 xv = _mm512_maskz_loadu_ps(tail, x + j * in + i);
-            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
-            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+            for (int k = 0; k < ko; k++) acc[k][j] = _mm512_fmadd_ps(wv[k], xv, acc[k][j]);
         }
     }
     const __m512 zero = _mm512_setzero_ps();
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < ko; k++)
         for (int j = 0; j < nr; j += 4) {
             float sums[4];
             _mm_storeu_ps(sums, sum4(acc[k][j], j + 1 < nr ? acc[k][j + 1] : zero,
@@ -111,12 +114,12 @@ static inline __attribute__((always_inline)) void fp32_pair_tile(const float *x,
         }
 }
 
-#define PAIR_TILE_CASE(n) \
-    case n: fp32_pair_tile(xr, wo, yr, in, y_stride, n); break;
+#define STREAM_CASE(ko, n) \
+    case n: fp32_stream_tile(xr, wo, yr, in, y_stride, ko, n); break;
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
-    if (rows == 1 || rows > PAIR_MAX_ROWS) {
+    if (rows == 1 || rows > STREAM_MAX_ROWS) {
         for (long o = 0; o < n_out; o += 4) {
             const float *wo = w + o * in;
             long r = 0;
@@ -128,14 +131,20 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
         }
         return;
     }
-    for (long o = 0; o < n_out; o += 2)
-        for (long r = 0; r < rows; r += PAIR_ROWS) {
+    const int wide = (rows < 12 ? rows : 12) * in > L1_X_FLOATS; /* x too big for 2 x 12 */
+    const long per_pass = wide ? STREAM_SUMS / 4 : STREAM_SUMS / 2, ko = wide ? 4 : 2;
+    for (long o = 0; o < n_out; o += ko)
+        for (long r = 0; r < rows; r += per_pass) {
             const float *xr = x + r * in, *wo = w + o * in;
             float *yr = y + r * y_stride + o;
-            switch (rows - r < PAIR_ROWS ? rows - r : PAIR_ROWS) {
-                PAIR_TILE_CASE(1) PAIR_TILE_CASE(2) PAIR_TILE_CASE(3) PAIR_TILE_CASE(4)
-                PAIR_TILE_CASE(5) PAIR_TILE_CASE(6) PAIR_TILE_CASE(7) PAIR_TILE_CASE(8)
-                PAIR_TILE_CASE(9) PAIR_TILE_CASE(10) PAIR_TILE_CASE(11) PAIR_TILE_CASE(12)
+            long nr = rows - r < per_pass ? rows - r : per_pass;
+            if (wide) switch (nr) {
+                STREAM_CASE(4, 1) STREAM_CASE(4, 2) STREAM_CASE(4, 3)
+                STREAM_CASE(4, 4) STREAM_CASE(4, 5) STREAM_CASE(4, 6)
+            } else switch (nr) {
+                STREAM_CASE(2, 1) STREAM_CASE(2, 2) STREAM_CASE(2, 3) STREAM_CASE(2, 4)
+                STREAM_CASE(2, 5) STREAM_CASE(2, 6) STREAM_CASE(2, 7) STREAM_CASE(2, 8)
+                STREAM_CASE(2, 9) STREAM_CASE(2, 10) STREAM_CASE(2, 11) STREAM_CASE(2, 12)
             }
         }
 }
