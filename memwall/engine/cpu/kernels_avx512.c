@@ -61,27 +61,23 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * y_stride, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
-/* Decode batches (2 to STREAM_MAX_ROWS rows): `ko` (2 or 4) output rows x `nr` (up to
- * STREAM_SUMS / ko) activation rows in one pass over the weight rows, each weight vector meeting
- * every activation row as soon as it arrives. The 4x4 tile makes 4 activation rows at a time, so
- * at 8 or 16 rows it reads its weights again from L1 while the memory stream idles; streamed, its
- * time comes close to the sum of the stream and the arithmetic. Each iteration asks for the `ko`
- * cache lines two tiles ahead, a steady trickle at the rate the tile consumes them. Sums are
+/* 2 to 4 activation rows (small decode batches): `ko` (2 or 4) output rows x `nr` activation
+ * rows, in one pass over the weight rows, with a steady trickle of prefetches: each iteration
+ * asks for the `ko` cache lines two tiles ahead, the rate at which the tile consumes them. Sums are
  * reduced with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made
- * it. 2 x 12 when the tile's rows of x fit in L1 beside the weights; 4 x 6 (each x vector used
- * four times) when they do not, as for the MLP's down projection. The model's 121 matrices
- * streamed, ms: 11.6 / 12.3 / 18.7 at 4 / 8 / 16 rows against 12.9 / 12.8 / 20.7 for the 4x4
- * tile; the down projections alone at 8 / 16 rows, 2 x 12: 9.3 / 15.2, 4 x 6: 7.9 / 12.7, 4x4:
- * 8.7 / 14.4. With many rows (prefill, the compute roof's product) the 4x4 tile is faster: 440
- * GFLOP/s at 128 rows against 200 for 2 x 12, which takes x from L2 for every pair of weight
- * rows. */
-#define STREAM_SUMS 24
-#define STREAM_MAX_ROWS 16
-#define L1_X_FLOATS 8192 /* 32 KiB of x per tile pass: at most two thirds of an L1 */
+ * it. 2 output rows when the rows of x fit in L1 beside the weights (32 KiB of them), else 4, so
+ * that each x vector loaded serves four weight rows.
+ * Measured on a 2-core Zen 5 VM, with the fast decode step against the 4x4 tile in the same
+ * process, step by step: 11.8 against 12.4 ms at 4 rows. At 8 and 16 rows the same kind of tile
+ * (2 x 12, or 4 x 6 for a wide x) was faster on the weights alone in one phase of the VM's memory
+ * bandwidth, but made the whole step 1.2-1.3x slower in another, so those batches keep the 4x4
+ * tile. */
+#define STREAM_MAX_ROWS 4
+#define L1_X_FLOATS 8192
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
                                                                    const int ko, const int nr) {
-    __m512 acc[4][STREAM_SUMS / 2];
+    __m512 acc[4][STREAM_MAX_ROWS];
     for (int k = 0; k < ko; k++)
         for (int j = 0; j < nr; j++) acc[k][j] = _mm512_setzero_ps();
     const float *ahead = w + 2 * ko * in;
@@ -105,48 +101,42 @@ static inline __attribute__((always_inline)) void fp32_stream_tile(const float *
         }
     }
     const __m512 zero = _mm512_setzero_ps();
-    for (int k = 0; k < ko; k++)
-        for (int j = 0; j < nr; j += 4) {
-            float sums[4];
-            _mm_storeu_ps(sums, sum4(acc[k][j], j + 1 < nr ? acc[k][j + 1] : zero,
-                                     j + 2 < nr ? acc[k][j + 2] : zero, j + 3 < nr ? acc[k][j + 3] : zero));
-            for (int q = 0; q < 4 && j + q < nr; q++) y[(j + q) * y_stride + k] = sums[q];
-        }
+    for (int k = 0; k < ko; k++) {
+        float sums[4];
+        _mm_storeu_ps(sums, sum4(acc[k][0], nr > 1 ? acc[k][1] : zero, nr > 2 ? acc[k][2] : zero,
+                                 nr > 3 ? acc[k][3] : zero));
+        for (int j = 0; j < nr; j++) y[j * y_stride + k] = sums[j];
+    }
 }
-
-#define STREAM_CASE(ko, n) \
-    case n: fp32_stream_tile(xr, wo, yr, in, y_stride, ko, n); break;
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
-    if (rows == 1 || rows > STREAM_MAX_ROWS) {
-        for (long o = 0; o < n_out; o += 4) {
+    if (rows >= 2 && rows <= STREAM_MAX_ROWS) {
+        const int wide = rows * in > L1_X_FLOATS;
+        for (long o = 0; o < n_out; o += wide ? 4 : 2) {
             const float *wo = w + o * in;
-            long r = 0;
-            for (; r + 4 <= rows; r += 4) fp32_tile(x + r * in, wo, y + r * y_stride + o, in, y_stride, 4);
-            float *yr = y + r * y_stride + o;
-            if (rows - r == 3) fp32_tile(x + r * in, wo, yr, in, y_stride, 3);
-            if (rows - r == 2) fp32_tile(x + r * in, wo, yr, in, y_stride, 2);
-            if (rows - r == 1) fp32_tile(x + r * in, wo, yr, in, y_stride, 1);
+            float *yo = y + o;
+            if (wide) {
+                if (rows == 2) fp32_stream_tile(x, wo, yo, in, y_stride, 4, 2);
+                if (rows == 3) fp32_stream_tile(x, wo, yo, in, y_stride, 4, 3);
+                if (rows == 4) fp32_stream_tile(x, wo, yo, in, y_stride, 4, 4);
+            } else {
+                if (rows == 2) fp32_stream_tile(x, wo, yo, in, y_stride, 2, 2);
+                if (rows == 3) fp32_stream_tile(x, wo, yo, in, y_stride, 2, 3);
+                if (rows == 4) fp32_stream_tile(x, wo, yo, in, y_stride, 2, 4);
+            }
         }
         return;
     }
-    const int wide = (rows < 12 ? rows : 12) * in > L1_X_FLOATS; /* x too big for 2 x 12 */
-    const long per_pass = wide ? STREAM_SUMS / 4 : STREAM_SUMS / 2, ko = wide ? 4 : 2;
-    for (long o = 0; o < n_out; o += ko)
-        for (long r = 0; r < rows; r += per_pass) {
-            const float *xr = x + r * in, *wo = w + o * in;
-            float *yr = y + r * y_stride + o;
-            long nr = rows - r < per_pass ? rows - r : per_pass;
-            if (wide) switch (nr) {
-                STREAM_CASE(4, 1) STREAM_CASE(4, 2) STREAM_CASE(4, 3)
-                STREAM_CASE(4, 4) STREAM_CASE(4, 5) STREAM_CASE(4, 6)
-            } else switch (nr) {
-                STREAM_CASE(2, 1) STREAM_CASE(2, 2) STREAM_CASE(2, 3) STREAM_CASE(2, 4)
-                STREAM_CASE(2, 5) STREAM_CASE(2, 6) STREAM_CASE(2, 7) STREAM_CASE(2, 8)
-                STREAM_CASE(2, 9) STREAM_CASE(2, 10) STREAM_CASE(2, 11) STREAM_CASE(2, 12)
-            }
-        }
+    for (long o = 0; o < n_out; o += 4) {
+        const float *wo = w + o * in;
+        long r = 0;
+        for (; r + 4 <= rows; r += 4) fp32_tile(x + r * in, wo, y + r * y_stride + o, in, y_stride, 4);
+        float *yr = y + r * y_stride + o;
+        if (rows - r == 3) fp32_tile(x + r * in, wo, yr, in, y_stride, 3);
+        if (rows - r == 2) fp32_tile(x + r * in, wo, yr, in, y_stride, 2);
+        if (rows - r == 1) fp32_tile(x + r * in, wo, yr, in, y_stride, 1);
+    }
 }
 
 static inline __m512 int8x16_to_float(const int8_t *codes) {
