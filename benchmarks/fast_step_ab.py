@@ -1,0 +1,53 @@
+"""The whole fast decode step with two builds of the AVX-512 kernels, timed step by step in one
+process (A, B, A, B, ...), so that both see the same phase of a shared machine's bandwidth.
+
+Build each library first, e.g. for the committed kernels against an older commit:
+
+    mkdir -p /tmp/base /tmp/new
+    for f in kernels_avx512.c common.h decode_ops.h; do
+      git show OLD:memwall/engine/cpu/$f > /tmp/base/$f; cp memwall/engine/cpu/$f /tmp/new/$f
+    done
+    for d in base new; do gcc -O3 -fno-trapping-math -shared -fPIC -mavx512f -mavx512bw \
+      -mavx512vl -mavx512dq -mavx2 -mfma -fopenmp /tmp/$d/kernels_avx512.c -o /tmp/$d/k.so -lm; done
+    .venv/bin/python benchmarks/fast_step_ab.py
+
+Prints the median step of each build at B = 1, 4, 8 and 16 (context 40) and their ratio."""
+
+import ctypes
+import statistics
+import time
+
+import torch
+
+from memwall.bench import workload
+from memwall.engine import Transformer, cpu_kernels
+from memwall.engine.cpu import build, fast_decode
+
+libs = {d: build.declare(ctypes.CDLL(f"/tmp/{d}/k.so")) for d in ("base", "new")}
+hf, _ = workload.load_model("smollm2-135m", "fp32", "cpu")
+model = Transformer.from_hf(hf)
+wrappers = {d: fast_decode.accelerate(model) for d in libs}
+context, steps = 40, 24
+Bs = [1, 4, 8, 16]
+state = {}
+for d, wrapper in wrappers.items():
+    cpu_kernels.library = lambda d=d: libs[d]
+    for b in Bs:
+        g = torch.Generator().manual_seed(b)
+        cache = model.new_cache(batch=b, max_tokens=context + steps + 1)
+        cache.keys[:, :, :, :context].normal_(generator=g)
+        cache.values[:, :, :, :context].normal_(generator=g)
+        cache.length = context
+        tokens = torch.randint(0, 49152, (b, 1), generator=g)
+        wrapper(tokens, cache)
+        state[d, b] = [cache, tokens, []]
+for _s in range(steps):
+    for b in Bs:
+        for d, wrapper in wrappers.items():
+            cache, tokens, times = state[d, b]
+            t = time.perf_counter()
+            state[d, b][1] = wrapper(tokens, cache)[:, -1:].argmax(-1)
+            times.append(time.perf_counter() - t)
+for b in Bs:
+    base, new = (statistics.median(state[d, b][2]) * 1e3 for d in ("base", "new"))
+    print(f"B={b:2d}  base {base:.2f} ms  new {new:.2f} ms  new/base {new / base:.3f}")
