@@ -73,12 +73,10 @@ def main() -> None:
                         times.append(time.perf_counter() - start)
                     steps[name].append(statistics.median(times))
                     fractions[name].append(weight_bytes / steps[name][-1] / bandwidth)
-                _, _, _, layers, head = engines["fast"]._plans[1]  # the batch-1 plan
+                plan = engines["fast"]._plans[1]  # the batch-1 plan
                 start = time.perf_counter()
-                for layer in layers:
-                    for matmul in (layer[2], layer[3], layer[6], layer[7]):
-                        matmul()
-                head()
+                for matmul in plan.matmuls:
+                    plan.run(matmul)
                 matmuls.append(time.perf_counter() - start)
         result = {
             name: {

@@ -245,6 +245,28 @@ def test_fast_batched_steps_give_each_row_the_bits_it_gets_alone(tiny_engine, sc
             tokens = logits.argmax(-1)
 
 
+def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monkeypatch):
+    # Every matmul pinned to F.linear: the C loop over the layers runs each one through the
+    # Python callback, and gets the readable engine's logits.
+    monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fp32:linear")
+    fast = fast_or_skip(tiny_engine)
+    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(8))
+    caches = [tiny_engine.new_cache(batch=2, max_tokens=8) for _ in range(2)]
+    with torch.inference_mode():
+        for _ in range(3):
+            ours, reference = fast(tokens, caches[0]), tiny_engine(tokens, caches[1])
+            assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
+            tokens = reference[:, -1:].argmax(-1)
+
+    # An error inside the callback is raised from the step, not lost in C.
+    def broken(path, x):
+        raise RuntimeError("this layer is broken")
+
+    monkeypatch.setattr(tiny_engine.blocks[1].mlp.down, "run", broken)
+    with pytest.raises(RuntimeError, match="this layer is broken"), torch.inference_mode():
+        fast(tokens, caches[0])
+
+
 def test_fast_decode_leaves_other_steps_to_the_readable_engine(tiny_engine):
     from memwall.engine import cpu_kernels
 

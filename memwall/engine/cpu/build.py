@@ -28,7 +28,11 @@ from pathlib import Path
 
 ENGINE_DIR = Path(__file__).resolve().parent.parent
 CPU_DIR = ENGINE_DIR / "cpu"
-HEADERS = (CPU_DIR / "common.h", CPU_DIR / "decode_ops.h")  # included by every variant
+HEADERS = (
+    CPU_DIR / "common.h",
+    CPU_DIR / "decode_ops.h",
+    CPU_DIR / "decode_step.h",
+)  # included by every variant
 # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC
 # leaves loops with a clamp or a rounding (the exp in decode_ops.h) unvectorized.
 BASE_FLAGS = ["-O3", "-fno-trapping-math", "-shared", "-fPIC", "-lm"]
@@ -123,6 +127,42 @@ def build(name: str) -> Path:
     raise BuildError(f"building {source.name} failed: {errors[0]}")
 
 
+class MatmulSpec(ctypes.Structure):
+    """decode_step.h's struct matmul_spec: how one matmul of a decode step runs."""
+
+    FP32, INT8, INT8_MANY, INT4, INT4_MANY, INT4_BLOCKED, INT4_BLOCKED_MANY, ELSEWHERE = range(8)
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("id", ctypes.c_int),
+        ("weight", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("in_features", ctypes.c_long),
+        ("out_features", ctypes.c_long),
+        ("group", ctypes.c_long),
+        ("block", ctypes.c_long),
+    ]
+
+
+class LayerSpec(ctypes.Structure):
+    """decode_step.h's struct layer_spec: one transformer block's weights for decode_layers."""
+
+    _fields_ = [
+        ("norm1", ctypes.c_void_p),
+        ("norm2", ctypes.c_void_p),
+        ("eps1", ctypes.c_float),
+        ("eps2", ctypes.c_float),
+        ("qkv", MatmulSpec),
+        ("out", MatmulSpec),
+        ("gate_up", MatmulSpec),
+        ("down", MatmulSpec),
+    ]
+
+
+# The callback decode_layers makes for a matmul on another path: it gets the matmul's id.
+MatmulElsewhere = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the argument and result types of every exported kernel."""
     pointer, long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -140,6 +180,17 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "attend_one": ([pointer] * 4 + [long] * 5 + [pointer, c_int, long, long], None),
         "silu_mul": ([pointer] * 2 + [long, long, c_int], None),
         "add_into": ([pointer] * 2 + [long, long], None),
+        "run_matmul": (
+            [ctypes.POINTER(MatmulSpec), pointer, pointer, long, c_int, MatmulElsewhere],
+            c_int,
+        ),
+        "decode_layers": (
+            [ctypes.POINTER(LayerSpec), long]
+            + [pointer] * 11
+            + [long] * 9
+            + [pointer, long, c_int, MatmulElsewhere],
+            c_int,
+        ),
     }
     for name, (args, result) in signatures.items():
         function = getattr(lib, name)

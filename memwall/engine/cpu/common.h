@@ -256,3 +256,4 @@ int int4_blocked_linear_many(const float *x, const uint8_t *packed, const uint16
 }
 
 #include "decode_ops.h"
+#include "decode_step.h"

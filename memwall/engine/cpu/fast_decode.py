@@ -3,10 +3,11 @@
 A decode step of SmolLM2-135M is about 450 small PyTorch operations. Each costs microseconds of
 dispatch, so on a fast CPU the step is bound by overhead, not by reading the weights (chapter 2's
 third regime). `accelerate(model)` wraps a readable `Transformer` (fp32, int8 or int4 linears)
-so that a one-token step, for one sequence or a batch that shares one KVCache, runs as about
-eight calls into memwall's C library per layer, on buffers allocated once per batch size: fused
-residual-add and RMSNorm, the matmul on the path `paths.choose` picked for that many rows, rotary
-embedding and the cache write in one call, attention of one query per sequence, SiLU times up.
+so that a one-token step, for one sequence or a batch that shares one KVCache, runs its layers in
+one call into memwall's C library (cpu/decode_step.h), on buffers allocated once per batch size:
+per layer a fused residual-add and RMSNorm, the matmuls on the paths `paths.choose` picked for
+that many rows, rotary embedding and the cache write in one op, attention of one query per
+sequence, SiLU times up. A matmul whose chosen path is PyTorch's is called back in Python.
 Everything else (prefill, paged caches, bf16) goes to the readable model, which stays the
 reference: tests check that both give the same tokens and logits.
 """
@@ -18,6 +19,7 @@ from torch import nn
 
 from memwall.engine import cpu_kernels
 from memwall.engine.cpu import paths as kernel_paths
+from memwall.engine.cpu.build import LayerSpec, MatmulElsewhere, MatmulSpec
 from memwall.engine.kv_cache import KVCache
 from memwall.engine.linear import Linear
 from memwall.engine.quant import Int4Linear, Int8Linear
@@ -30,42 +32,42 @@ def _ptr(t: torch.Tensor) -> int:
 
 
 class _Matmul:
-    """y = layer(x) for fp32 rows, bound once to buffers: a C call, or the layer's own path."""
+    """y = layer(x) for fp32 rows, bound once to buffers: `spec` says how (decode_step.h), on a C
+    kernel or, for the path `paths.choose` picked elsewhere, the layer's own path in Python."""
 
-    def __init__(self, layer, x: torch.Tensor, y: torch.Tensor, lib, threads: int):
+    def __init__(self, layer, x: torch.Tensor, y: torch.Tensor, matmul_id: int):
         path = kernel_paths.choose(layer, x)
         self.layer, self.path, self.x, self.y = layer, path, x, y
-        rows, out, size = x.shape[0], layer.out_features, layer.in_features
-        xp, yp = _ptr(x), _ptr(y)
-        many = "_many" if path == "c_many" else ""
-        self.call = None
+        many = path == "c_many"
+        spec = MatmulSpec(
+            kind=MatmulSpec.ELSEWHERE,
+            id=matmul_id,
+            in_features=layer.in_features,
+            out_features=layer.out_features,
+        )
         if path == "c" and isinstance(layer, Linear):
-            self.call, self.args = (
-                lib.fp32_linear,
-                (xp, _ptr(layer.weight), yp, rows, size, out, threads),
-            )
+            spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
         elif path in ("c", "c_many") and isinstance(layer, Int8Linear):
-            self.call = getattr(lib, "int8_linear" + many)
-            self.args = (xp, _ptr(layer.codes), _ptr(layer.scales), yp, rows, size, out, threads)
+            spec.kind = MatmulSpec.INT8_MANY if many else MatmulSpec.INT8
+            spec.weight, spec.scales = _ptr(layer.codes), _ptr(layer.scales)
         elif path in ("c", "c_many") and isinstance(layer, Int4Linear):
-            common = (xp, _ptr(layer.packed), _ptr(layer.scale_zero), yp, rows, size, out)
             if layer.kernel_layout:
-                self.call = getattr(lib, "int4_blocked_linear" + many)
-                self.args = (*common, layer.group_size, layer.block, threads)
+                spec.kind = MatmulSpec.INT4_BLOCKED_MANY if many else MatmulSpec.INT4_BLOCKED
+                spec.block = layer.block
             else:
-                self.call = getattr(lib, "int4_linear" + many)
-                self.args = (*common, layer.group_size, threads)
-        self.bias = getattr(layer, "bias", None)
-        self.add_into = lib.add_into
+                spec.kind = MatmulSpec.INT4_MANY if many else MatmulSpec.INT4
+            spec.weight, spec.scales, spec.group = (
+                _ptr(layer.packed),
+                _ptr(layer.scale_zero),
+                layer.group_size,
+            )
+        bias = getattr(layer, "bias", None)
+        if bias is not None and spec.kind != MatmulSpec.ELSEWHERE:
+            spec.bias = _ptr(bias)
+        self.spec = spec
 
-    def __call__(self) -> None:
-        if self.call is None:
-            self.y.copy_(self.layer.run(self.path, self.x[None])[0])
-            return
-        if self.call(*self.args):
-            raise MemoryError("a C kernel could not allocate its scratch buffers")
-        if self.bias is not None:
-            self.add_into(_ptr(self.y), _ptr(self.bias), self.y.shape[1], self.y.shape[0])
+    def run_elsewhere(self) -> None:
+        self.y.copy_(self.layer.run(self.path, self.x[None])[0])
 
 
 class FastDecoder(nn.Module):
@@ -108,104 +110,120 @@ class FastDecoder(nn.Module):
 
     def _build(self, rows: int):
         m = self.model
-        lib = cpu_kernels.library()
-        threads = torch.get_num_threads()
         d = m.embed.weight.shape[1]
-        block0 = m.blocks[0]
-        heads, kv_heads, head_dim = m.n_heads, m.n_kv_heads, m.head_dim
-        d_ff = block0.mlp.d_ff
+        d_ff = m.blocks[0].mlp.d_ff
         buf = {
             name: torch.zeros(rows, size)
             for name, size in {
                 "x": d,
                 "h": d,
-                "qkv": (heads + 2 * kv_heads) * head_dim,
-                "attn": heads * head_dim,
+                "qkv": (m.n_heads + 2 * m.n_kv_heads) * m.head_dim,
+                "attn": m.n_heads * m.head_dim,
                 "delta": d,
                 "gate_up": 2 * d_ff,
                 "act": d_ff,
                 "logits": m.lm_head.out_features,
             }.items()
         }
-        layers = []
-        for block in m.blocks:
-            layers.append(
-                (
-                    block.attn_norm.weight,
-                    block.attn_norm.eps,
-                    _Matmul(block.attn.qkv, buf["h"], buf["qkv"], lib, threads),
-                    _Matmul(block.attn.out, buf["attn"], buf["delta"], lib, threads),
-                    block.mlp_norm.weight,
-                    block.mlp_norm.eps,
-                    _Matmul(block.mlp.gate_up, buf["h"], buf["gate_up"], lib, threads),
-                    _Matmul(block.mlp.down, buf["act"], buf["delta"], lib, threads),
-                )
-            )
-        head = _Matmul(m.lm_head, buf["h"], buf["logits"], lib, threads)
-        self._plans[rows] = (lib, threads, buf, layers, head)
+        matmuls, layers = [], (LayerSpec * len(m.blocks))()
+        for block, spec in zip(m.blocks, layers):
+            for name, layer, x, y in (
+                ("qkv", block.attn.qkv, "h", "qkv"),
+                ("out", block.attn.out, "attn", "delta"),
+                ("gate_up", block.mlp.gate_up, "h", "gate_up"),
+                ("down", block.mlp.down, "act", "delta"),
+            ):
+                matmuls.append(_Matmul(layer, buf[x], buf[y], len(matmuls)))
+                setattr(spec, name, matmuls[-1].spec)
+            spec.norm1, spec.eps1 = _ptr(block.attn_norm.weight), block.attn_norm.eps
+            spec.norm2, spec.eps2 = _ptr(block.mlp_norm.weight), block.mlp_norm.eps
+        matmuls.append(_Matmul(m.lm_head, buf["h"], buf["logits"], len(matmuls)))
+        self._plans[rows] = _Plan(
+            cpu_kernels.library(), torch.get_num_threads(), buf, layers, matmuls
+        )
 
     @torch.inference_mode()
     def _step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         rows = tokens.shape[0]
         plan = self._plans.get(rows)
-        if plan is None or plan[1] != torch.get_num_threads():
+        if plan is None or plan.threads != torch.get_num_threads():
             self._build(rows)  # first step of this size, or the thread count changed since
-        lib, threads, buf, layers, head = self._plans[rows]
-        m = self.model
-        heads, kv_heads, head_dim = m.n_heads, m.n_kv_heads, m.head_dim
-        d = buf["x"].shape[1]
-        position, max_tokens = cache.length, cache.max_tokens
-        cos, sin = m.rotary.cos[position], m.rotary.sin[position]
-        x, h, qkv, attn, delta = (_ptr(buf[k]) for k in ("x", "h", "qkv", "attn", "delta"))
+            plan = self._plans[rows]
+        m, buf, lib, threads = self.model, plan.buf, plan.lib, plan.threads
+        position = cache.length
         torch.index_select(m.embed.weight, 0, tokens, out=buf["x"])
-        scratch = torch.empty(rows * heads * (position + 1))
-        layer_stride, row_stride = cache.keys.stride(0) * 4, cache.keys.stride(1)
-        keys, values = _ptr(cache.keys), _ptr(cache.values)
-        residual = None  # the first norm has nothing to add
-        for i, (norm1, eps1, qkv_mm, out_mm, norm2, eps2, gate_up_mm, down_mm) in enumerate(layers):
-            lib.add_rmsnorm(x, residual, _ptr(norm1), h, rows, d, eps1, threads)
-            qkv_mm()
-            k_layer, v_layer = keys + i * layer_stride, values + i * layer_stride
-            lib.rope_and_store(
-                qkv,
-                _ptr(cos),
-                _ptr(sin),
-                heads,
-                kv_heads,
-                head_dim,
-                k_layer,
-                v_layer,
-                position,
-                max_tokens,
-                rows,
-                row_stride,
-                threads,
-            )
-            lib.attend_one(
-                qkv,
-                k_layer,
-                v_layer,
-                attn,
-                heads,
-                kv_heads,
-                head_dim,
-                position + 1,
-                max_tokens,
-                _ptr(scratch),
-                threads,
-                rows,
-                row_stride,
-            )
-            out_mm()
-            lib.add_rmsnorm(x, delta, _ptr(norm2), h, rows, d, eps2, threads)
-            gate_up_mm()
-            lib.silu_mul(_ptr(buf["gate_up"]), _ptr(buf["act"]), buf["act"].shape[1], rows, threads)
-            down_mm()
-            residual = delta
-        lib.add_rmsnorm(x, delta, _ptr(m.norm.weight), h, rows, d, m.norm.eps, threads)
-        head()
+        scratch = torch.empty(rows * m.n_heads * (position + 1))
+        x, h, delta = _ptr(buf["x"]), _ptr(buf["h"]), _ptr(buf["delta"])
+        status = lib.decode_layers(
+            plan.layers,
+            len(plan.layers),
+            x,
+            h,
+            *(_ptr(buf[k]) for k in ("qkv", "attn")),
+            delta,
+            *(_ptr(buf[k]) for k in ("gate_up", "act")),
+            _ptr(m.rotary.cos[position]),
+            _ptr(m.rotary.sin[position]),
+            _ptr(cache.keys),
+            _ptr(cache.values),
+            cache.keys.stride(0),
+            cache.keys.stride(1),
+            position,
+            cache.max_tokens,
+            m.n_heads,
+            m.n_kv_heads,
+            m.head_dim,
+            buf["x"].shape[1],
+            buf["act"].shape[1],
+            _ptr(scratch),
+            rows,
+            threads,
+            plan.elsewhere,
+        )
+        plan.raise_failure(status)
+        lib.add_rmsnorm(
+            x, delta, _ptr(m.norm.weight), h, rows, buf["x"].shape[1], m.norm.eps, threads
+        )
+        plan.run(plan.matmuls[-1])  # the output head
         cache.length += 1
         return buf["logits"].clone()
+
+
+class _Plan:
+    """The buffers and matmul specs of steps with one row count, and the callback through which C
+    runs a matmul on a path of its own (an exception there is kept and raised after the call)."""
+
+    def __init__(self, lib, threads, buf, layers, matmuls):
+        self.lib, self.threads, self.buf, self.layers, self.matmuls = (
+            lib,
+            threads,
+            buf,
+            layers,
+            matmuls,
+        )
+        self.failure = None
+        self.elsewhere = MatmulElsewhere(self._run_elsewhere)  # kept alive with the plan
+
+    def run(self, matmul: _Matmul) -> None:
+        """One matmul alone (the output head; benchmarks time them all without the rest)."""
+        rows = matmul.x.shape[0]
+        status = self.lib.run_matmul(
+            matmul.spec, _ptr(matmul.x), _ptr(matmul.y), rows, self.threads, self.elsewhere
+        )
+        self.raise_failure(status)
+
+    def _run_elsewhere(self, matmul_id: int) -> None:
+        try:
+            self.matmuls[matmul_id].run_elsewhere()
+        except BaseException as error:  # raising into C would be lost: keep it for raise_failure
+            self.failure = self.failure or error
+
+    def raise_failure(self, status: int) -> None:
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
+        if status:
+            raise MemoryError("a C kernel could not allocate its scratch buffers")
 
 
 def accelerate(model: nn.Module) -> FastDecoder:
