@@ -269,7 +269,7 @@ def add_cli(bench_subparsers) -> None:
     parser.add_argument(
         "--fast",
         action="store_true",
-        help="time memwall's fast decode path (C calls per layer, on a CPU) instead of the "
+        help="time memwall's fast decode path (the layers looped in C, on a CPU) instead of the "
         "readable engine",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
