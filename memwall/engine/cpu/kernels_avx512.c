@@ -67,8 +67,8 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
  * reduced with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made
  * it. 2 output rows when the rows of x fit in L1 beside the weights (32 KiB of them), else 4, so
  * that each x vector loaded serves four weight rows.
- * Measured on a 2-core Zen 5 VM, with the fast decode step against the 4x4 tile in the same
- * process, step by step: 11.8 against 12.4 ms at 4 rows. At 8 and 16 rows the same kind of tile
+ * Measured on a 2-core Zen 5 VM, the whole fast decode step against the 4x4 tile, step by step in
+ * one process: 13.8 against 14.9 ms at 4 rows. At 8 and 16 rows the same kind of tile
  * (2 x 12, or 4 x 6 for a wide x) was faster on the weights alone in one phase of the VM's memory
  * bandwidth, but made the whole step 1.2-1.3x slower in another, so those batches keep the 4x4
  * tile. */
@@ -109,22 +109,22 @@ static inline __attribute__((always_inline)) void fp32_stream_tile(const float *
     }
 }
 
+/* The stream tile with the row count as a constant, so that its loops unroll. */
+static inline __attribute__((always_inline)) void fp32_stream_rows(const float *x, const float *w,
+                                                                   float *y, long rows, long in,
+                                                                   long y_stride, const int ko) {
+    if (rows == 2) fp32_stream_tile(x, w, y, in, y_stride, ko, 2);
+    if (rows == 3) fp32_stream_tile(x, w, y, in, y_stride, ko, 3);
+    if (rows == 4) fp32_stream_tile(x, w, y, in, y_stride, ko, 4);
+}
+
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
     if (rows >= 2 && rows <= STREAM_MAX_ROWS) {
-        const int wide = rows * in > L1_X_FLOATS;
-        for (long o = 0; o < n_out; o += wide ? 4 : 2) {
-            const float *wo = w + o * in;
-            float *yo = y + o;
-            if (wide) {
-                if (rows == 2) fp32_stream_tile(x, wo, yo, in, y_stride, 4, 2);
-                if (rows == 3) fp32_stream_tile(x, wo, yo, in, y_stride, 4, 3);
-                if (rows == 4) fp32_stream_tile(x, wo, yo, in, y_stride, 4, 4);
-            } else {
-                if (rows == 2) fp32_stream_tile(x, wo, yo, in, y_stride, 2, 2);
-                if (rows == 3) fp32_stream_tile(x, wo, yo, in, y_stride, 2, 3);
-                if (rows == 4) fp32_stream_tile(x, wo, yo, in, y_stride, 2, 4);
-            }
+        const int ko = rows * in > L1_X_FLOATS ? 4 : 2;
+        for (long o = 0; o < n_out; o += ko) {
+            if (ko == 4) fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 4);
+            else fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 2);
         }
         return;
     }
@@ -143,7 +143,7 @@ static inline __m512 int8x16_to_float(const int8_t *codes) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes)));
 }
 
-/* 4 output rows of int8 codes x `nr` (1 to 4) activation rows, with each 16
+/* 4 output rows of int8 codes x `nr` (1 to 4) activation rows: fp32_tile's shape, with each 16
  * codes turned into floats once for every activation row of the tile (a kernel that converted
  * them once per row was compute-bound from 2 rows: 47 / 73 / 174 us at 1 / 4 / 8 rows for
  * 3072x576). The next tile's codes are requested one tile ahead, a cache line per 64 codes. */
