@@ -185,7 +185,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             c_int,
         ),
         "decode_layers": (
-            [ctypes.POINTER(LayerSpec), long]
+            [ctypes.POINTER(LayerSpec), long, pointer, ctypes.c_float]
             + [pointer] * 11
             + [long] * 9
             + [pointer, long, c_int, MatmulElsewhere],

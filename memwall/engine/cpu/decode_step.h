@@ -72,16 +72,16 @@ int run_matmul(const struct matmul_spec *m, const float *x, float *y, long rows,
     return status;
 }
 
-/* Every layer of a one-token step for `rows` sequences at `position`, on the fast path's buffers
- * (x [rows, d] is the residual stream; h, qkv, attn, delta, gate_up and act as their names say).
- * The caches hold `layer_stride` floats per layer and `row_stride` per sequence. Leaves the last
- * layer's output in delta, not yet added to x. Returns 0, or -1 as run_matmul. */
-int decode_layers(const struct layer_spec *layers, long n_layers, float *x, float *h, float *qkv,
-                  float *attn, float *delta, float *gate_up, float *act, const float *cos,
-                  const float *sin, float *k_cache, float *v_cache, long layer_stride,
-                  long row_stride, long position, long max_tokens, long heads, long kv_heads,
-                  long head_dim, long d, long d_ff, float *scratch, long rows, int threads,
-                  matmul_elsewhere elsewhere) {
+/* Every layer of a one-token step for `rows` sequences at `position`, then the final norm, on the
+ * fast path's buffers (x [rows, d] is the residual stream; h, qkv, attn, delta, gate_up and act as
+ * their names say). The caches hold `layer_stride` floats per layer and `row_stride` per
+ * sequence. Leaves the output head's input in h. Returns 0, or -1 as run_matmul. */
+int decode_layers(const struct layer_spec *layers, long n_layers, const float *final_norm,
+                  float final_eps, float *x, float *h, float *qkv, float *attn, float *delta,
+                  float *gate_up, float *act, const float *cos, const float *sin, float *k_cache,
+                  float *v_cache, long layer_stride, long row_stride, long position,
+                  long max_tokens, long heads, long kv_heads, long head_dim, long d, long d_ff,
+                  float *scratch, long rows, int threads, matmul_elsewhere elsewhere) {
     const float *residual = NULL; /* the first norm has nothing to add */
     for (long i = 0; i < n_layers; i++) {
         const struct layer_spec *layer = layers + i;
@@ -99,5 +99,6 @@ int decode_layers(const struct layer_spec *layers, long n_layers, float *x, floa
         if (run_matmul(&layer->down, act, delta, rows, threads, elsewhere)) return -1;
         residual = delta;
     }
+    add_rmsnorm(x, residual, final_norm, h, rows, d, final_eps, threads);
     return 0;
 }

@@ -70,9 +70,44 @@ class _Matmul:
         self.y.copy_(self.layer.run(self.path, self.x[None])[0])
 
 
+class _Plan:
+    """The buffers and matmul specs of steps with one row count, and the callback through which C
+    runs a matmul on a path of its own (an exception there is kept and raised after the call)."""
+
+    def __init__(self, lib, threads: int, buf: dict, layers, matmuls: list, shape: tuple):
+        self.lib, self.threads, self.buf = lib, threads, buf
+        self.layers, self.matmuls, self.shape = layers, matmuls, shape
+        self.buffers = tuple(  # decode_layers' buffer arguments, in its order
+            _ptr(buf[name]) for name in ("x", "h", "qkv", "attn", "delta", "gate_up", "act")
+        )
+        self.failure = None
+        self.elsewhere = MatmulElsewhere(self._run_elsewhere)  # kept alive with the plan
+
+    def run(self, matmul: _Matmul) -> None:
+        """One matmul alone (the output head; benchmarks time them all without the rest)."""
+        rows = matmul.x.shape[0]
+        status = self.lib.run_matmul(
+            matmul.spec, _ptr(matmul.x), _ptr(matmul.y), rows, self.threads, self.elsewhere
+        )
+        self.raise_failure(status)
+
+    def _run_elsewhere(self, matmul_id: int) -> None:
+        try:
+            self.matmuls[matmul_id].run_elsewhere()
+        except BaseException as error:  # raising into C would be lost: keep it for raise_failure
+            self.failure = self.failure or error
+
+    def raise_failure(self, status: int) -> None:
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
+        if status:
+            raise MemoryError("a C kernel could not allocate its scratch buffers")
+
+
 class FastDecoder(nn.Module):
     """`model` with one-token steps of up to MAX_ROWS sequences that share one contiguous fp32
-    KVCache (so one length) run through C calls."""
+    KVCache (so one length) run by memwall's C library."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -138,8 +173,9 @@ class FastDecoder(nn.Module):
             spec.norm1, spec.eps1 = _ptr(block.attn_norm.weight), block.attn_norm.eps
             spec.norm2, spec.eps2 = _ptr(block.mlp_norm.weight), block.mlp_norm.eps
         matmuls.append(_Matmul(m.lm_head, buf["h"], buf["logits"], len(matmuls)))
+        shape = (m.n_heads, m.n_kv_heads, m.head_dim, d, d_ff)
         self._plans[rows] = _Plan(
-            cpu_kernels.library(), torch.get_num_threads(), buf, layers, matmuls
+            cpu_kernels.library(), torch.get_num_threads(), buf, layers, matmuls, shape
         )
 
     @torch.inference_mode()
@@ -149,19 +185,16 @@ class FastDecoder(nn.Module):
         if plan is None or plan.threads != torch.get_num_threads():
             self._build(rows)  # first step of this size, or the thread count changed since
             plan = self._plans[rows]
-        m, buf, lib, threads = self.model, plan.buf, plan.lib, plan.threads
+        m = self.model
         position = cache.length
-        torch.index_select(m.embed.weight, 0, tokens, out=buf["x"])
+        torch.index_select(m.embed.weight, 0, tokens, out=plan.buf["x"])
         scratch = torch.empty(rows * m.n_heads * (position + 1))
-        x, h, delta = _ptr(buf["x"]), _ptr(buf["h"]), _ptr(buf["delta"])
-        status = lib.decode_layers(
+        status = plan.lib.decode_layers(
             plan.layers,
             len(plan.layers),
-            x,
-            h,
-            *(_ptr(buf[k]) for k in ("qkv", "attn")),
-            delta,
-            *(_ptr(buf[k]) for k in ("gate_up", "act")),
+            _ptr(m.norm.weight),
+            m.norm.eps,
+            *plan.buffers,
             _ptr(m.rotary.cos[position]),
             _ptr(m.rotary.sin[position]),
             _ptr(cache.keys),
@@ -170,60 +203,16 @@ class FastDecoder(nn.Module):
             cache.keys.stride(1),
             position,
             cache.max_tokens,
-            m.n_heads,
-            m.n_kv_heads,
-            m.head_dim,
-            buf["x"].shape[1],
-            buf["act"].shape[1],
+            *plan.shape,
             _ptr(scratch),
             rows,
-            threads,
+            plan.threads,
             plan.elsewhere,
         )
         plan.raise_failure(status)
-        lib.add_rmsnorm(
-            x, delta, _ptr(m.norm.weight), h, rows, buf["x"].shape[1], m.norm.eps, threads
-        )
         plan.run(plan.matmuls[-1])  # the output head
         cache.length += 1
-        return buf["logits"].clone()
-
-
-class _Plan:
-    """The buffers and matmul specs of steps with one row count, and the callback through which C
-    runs a matmul on a path of its own (an exception there is kept and raised after the call)."""
-
-    def __init__(self, lib, threads, buf, layers, matmuls):
-        self.lib, self.threads, self.buf, self.layers, self.matmuls = (
-            lib,
-            threads,
-            buf,
-            layers,
-            matmuls,
-        )
-        self.failure = None
-        self.elsewhere = MatmulElsewhere(self._run_elsewhere)  # kept alive with the plan
-
-    def run(self, matmul: _Matmul) -> None:
-        """One matmul alone (the output head; benchmarks time them all without the rest)."""
-        rows = matmul.x.shape[0]
-        status = self.lib.run_matmul(
-            matmul.spec, _ptr(matmul.x), _ptr(matmul.y), rows, self.threads, self.elsewhere
-        )
-        self.raise_failure(status)
-
-    def _run_elsewhere(self, matmul_id: int) -> None:
-        try:
-            self.matmuls[matmul_id].run_elsewhere()
-        except BaseException as error:  # raising into C would be lost: keep it for raise_failure
-            self.failure = self.failure or error
-
-    def raise_failure(self, status: int) -> None:
-        failure, self.failure = self.failure, None
-        if failure is not None:
-            raise failure
-        if status:
-            raise MemoryError("a C kernel could not allocate its scratch buffers")
+        return plan.buf["logits"].clone()
 
 
 def accelerate(model: nn.Module) -> FastDecoder:
