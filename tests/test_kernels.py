@@ -104,7 +104,9 @@ def close(ours, reference):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("out_features, in_features", [(4, 8), (12, 40), (20, 96), (64, 200), (8, 2056)])
+@pytest.mark.parametrize(
+    "out_features, in_features", [(4, 8), (12, 40), (20, 96), (64, 200), (8, 2056)]
+)
 def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in_features):
     lib = cpu_kernels.variant_library(variant)
     weight = seeded(out_features, in_features)
