@@ -245,6 +245,40 @@ def test_fast_batched_steps_give_each_row_the_bits_it_gets_alone(tiny_engine, sc
             tokens = logits.argmax(-1)
 
 
+def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from memwall.engine import Transformer
+
+    monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fixed")  # the C kernels, then the bias in C
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_bias=True,
+    )
+    torch.manual_seed(9)
+    hf = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                projection.bias.normal_()  # nonzero, so that a missing bias shows
+    model = Transformer.from_hf(hf)
+    assert model.blocks[0].attn.qkv.bias is not None
+    fast = fast_or_skip(model)
+    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(3))
+    caches = [model.new_cache(batch=2, max_tokens=8) for _ in range(2)]
+    with torch.inference_mode():
+        for _ in range(3):
+            ours, reference = fast(tokens, caches[0]), model(tokens, caches[1])
+            assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
+            tokens = reference[:, -1:].argmax(-1)
+
+
 def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monkeypatch):
     # Every matmul pinned to F.linear: the C loop over the layers runs each one through the
     # Python callback, and gets the readable engine's logits.

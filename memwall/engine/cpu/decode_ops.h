@@ -94,8 +94,9 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
         const float *qh = qkv + row * width + h * head_dim;
         const float *keys = k_cache + kv, *values = v_cache + kv;
         /* the next job's cache, whose first tokens are asked for while this job ends */
-        long next_row = (job + 1) / heads, next_h = (job + 1) % heads;
-        long next_kv = next_row * cache_stride + (next_h / (heads / kv_heads)) * max_tokens * head_dim;
+        long next = job + 1 < rows * heads ? job + 1 : job;
+        long next_kv = (next / heads) * cache_stride
+                       + ((next % heads) / (heads / kv_heads)) * max_tokens * head_dim;
         float *scores = scratch + job * length, top = -INFINITY, total = 0.0f;
         for (long t = 0; t < length; t++) {
             const float *key = keys + t * head_dim;
