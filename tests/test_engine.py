@@ -301,6 +301,28 @@ def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monke
         fast(tokens, caches[0])
 
 
+def test_a_dropped_fast_model_frees_its_weights_without_the_cyclic_gc(tiny_hf):
+    # Chapter 7 drops each format's model before the next; a reference cycle through the C
+    # callback kept them all alive until a garbage collection and pushed it over Binder's memory.
+    import gc
+    import weakref
+
+    from memwall.engine import Transformer
+
+    model = Transformer.from_hf(tiny_hf)
+    fast = fast_or_skip(model)
+    layer = weakref.ref(model.blocks[0].mlp.down)
+    cache = model.new_cache(max_tokens=8)
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            fast(torch.zeros(1, 1, dtype=torch.long), cache)
+        del fast, model, cache
+        assert layer() is None
+    finally:
+        gc.enable()
+
+
 def test_fast_decode_leaves_other_steps_to_the_readable_engine(tiny_engine):
     from memwall.engine import cpu_kernels
 

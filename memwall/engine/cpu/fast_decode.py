@@ -80,8 +80,17 @@ class _Plan:
         self.buffers = tuple(  # decode_layers' buffer arguments, in its order
             _ptr(buf[name]) for name in ("x", "h", "qkv", "attn", "delta", "gate_up", "act")
         )
-        self.failure = None
-        self.elsewhere = MatmulElsewhere(self._run_elsewhere)  # kept alive with the plan
+        failures = self.failures = []
+
+        def run_elsewhere(matmul_id: int) -> None:
+            try:
+                matmuls[matmul_id].run_elsewhere()
+            except BaseException as error:  # raising into C would lose it: kept for later
+                failures.append(error)
+
+        # Not a bound method: the plan would then hold itself through the callback, and a
+        # dropped model would wait for the cyclic garbage collector to free its weights.
+        self.elsewhere = MatmulElsewhere(run_elsewhere)
 
     def run(self, matmul: _Matmul) -> None:
         """One matmul alone (the output head; benchmarks time them all without the rest)."""
@@ -91,15 +100,10 @@ class _Plan:
         )
         self.raise_failure(status)
 
-    def _run_elsewhere(self, matmul_id: int) -> None:
-        try:
-            self.matmuls[matmul_id].run_elsewhere()
-        except BaseException as error:  # raising into C would be lost: keep it for raise_failure
-            self.failure = self.failure or error
-
     def raise_failure(self, status: int) -> None:
-        failure, self.failure = self.failure, None
-        if failure is not None:
+        if self.failures:
+            failure = self.failures[0]
+            self.failures.clear()
             raise failure
         if status:
             raise MemoryError("a C kernel could not allocate its scratch buffers")
