@@ -98,38 +98,63 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
         long next_kv = (next / heads) * cache_stride
                        + ((next % heads) / (heads / kv_heads)) * max_tokens * head_dim;
         float *scores = scratch + job * length, top = -INFINITY, total = 0.0f;
-        for (long t = 0; t < length; t++) {
-            const float *key = keys + t * head_dim;
-            /* the cache comes from memory: ask for token t + 8's lines now */
-            const float *k_ahead = keys + (t + 8) * head_dim, *v_ahead = values + (t + 8) * head_dim;
-            if (t + 8 >= length) {
-                k_ahead = k_cache + next_kv + (t + 8 - length) * head_dim;
-                v_ahead = v_cache + next_kv + (t + 8 - length) * head_dim;
+        /* Two tokens at a time: their dot products are independent sums, so neither waits for
+         * the other's additions. */
+        for (long t = 0; t < length; t += 2) {
+            /* the cache comes from memory: ask for tokens t + 8 and t + 9 now */
+            for (long ahead = t + 8; ahead < t + 10; ahead++) {
+                const float *k_ahead = keys + ahead * head_dim, *v_ahead = values + ahead * head_dim;
+                if (ahead >= length) {
+                    k_ahead = k_cache + next_kv + (ahead - length) * head_dim;
+                    v_ahead = v_cache + next_kv + (ahead - length) * head_dim;
+                }
+                for (long i = 0; i < head_dim; i += 16) {
+                    __builtin_prefetch(k_ahead + i);
+                    __builtin_prefetch(v_ahead + i);
+                }
             }
-            for (long i = 0; i < head_dim; i += 16) {
-                __builtin_prefetch(k_ahead + i);
-                __builtin_prefetch(v_ahead + i);
+            const float *key = keys + t * head_dim, *key2 = key + head_dim;
+            float dot = 0.0f, dot2 = 0.0f;
+            if (t + 1 < length) {
+                #pragma omp simd reduction(+ : dot, dot2)
+                for (long i = 0; i < head_dim; i++) {
+                    dot += qh[i] * key[i];
+                    dot2 += qh[i] * key2[i];
+                }
+                scores[t + 1] = dot2 * scale;
+            } else {
+                #pragma omp simd reduction(+ : dot)
+                for (long i = 0; i < head_dim; i++) dot += qh[i] * key[i];
             }
-            float dot = 0.0f;
-            #pragma omp simd reduction(+ : dot)
-            for (long i = 0; i < head_dim; i++) dot += qh[i] * key[i];
             scores[t] = dot * scale;
-            top = scores[t] > top ? scores[t] : top;
         }
+        #pragma omp simd reduction(max : top)
+        for (long t = 0; t < length; t++) top = scores[t] > top ? scores[t] : top;
         #pragma omp simd reduction(+ : total)
         for (long t = 0; t < length; t++) total += scores[t] = exp_vectorizable(scores[t] - top);
-        /* The weighted sum of values, 32 columns at a time in a local array that the compiler
-         * keeps in registers (summing into `out` made each token wait for the last one's store). */
+        /* The weighted sum of values, 32 columns at a time in local arrays that the compiler
+         * keeps in registers (summing into `out` made each token wait for the last one's store),
+         * even and odd tokens apart so that each multiply-add need not wait for the one before. */
         float inverse = 1.0f / total;
         for (long i0 = 0; i0 < head_dim; i0 += 32) {
             long n = head_dim - i0 < 32 ? head_dim - i0 : 32;
-            float sums[32] = {0};
+            float sums[32] = {0}, odd[32] = {0};
             const float *value = values + i0;
             if (n == 32) {
-                for (long t = 0; t < length; t++, value += head_dim) {
+                long t = 0;
+                for (; t + 2 <= length; t += 2, value += 2 * head_dim) {
+                    #pragma omp simd
+                    for (long i = 0; i < 32; i++) {
+                        sums[i] += scores[t] * value[i];
+                        odd[i] += scores[t + 1] * value[head_dim + i];
+                    }
+                }
+                if (t < length) {
                     #pragma omp simd
                     for (long i = 0; i < 32; i++) sums[i] += scores[t] * value[i];
                 }
+                #pragma omp simd
+                for (long i = 0; i < 32; i++) sums[i] += odd[i];
             } else {
                 for (long t = 0; t < length; t++, value += head_dim)
                     for (long i = 0; i < n; i++) sums[i] += scores[t] * value[i];
