@@ -20,6 +20,7 @@ import time
 import torch
 
 from memwall.bench import workload
+from memwall.bench.batch import cache_with_context
 from memwall.engine import Transformer, cpu_kernels
 from memwall.engine.cpu import build, fast_decode
 
@@ -34,10 +35,7 @@ for d, wrapper in wrappers.items():
     cpu_kernels.library = lambda d=d: libs[d]
     for b in Bs:
         g = torch.Generator().manual_seed(b)
-        cache = model.new_cache(batch=b, max_tokens=context + steps + 1)
-        cache.keys[:, :, :, :context].normal_(generator=g)
-        cache.values[:, :, :, :context].normal_(generator=g)
-        cache.length = context
+        cache = cache_with_context(model, b, context, context + steps + 1, g)
         tokens = torch.randint(0, 49152, (b, 1), generator=g)
         wrapper(tokens, cache)
         state[d, b] = [cache, tokens, []]

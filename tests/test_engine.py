@@ -245,6 +245,19 @@ def test_fast_batched_steps_give_each_row_the_bits_it_gets_alone(tiny_engine, sc
             tokens = logits.argmax(-1)
 
 
+def assert_fast_steps_match(fast, model, seed: int, steps: int = 3):
+    """Two sequences decoded `steps` times on the fast path and on the readable model, logits
+    compared each step; returns the next tokens and the fast path's cache."""
+    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(seed))
+    fast_cache, readable_cache = (model.new_cache(batch=2, max_tokens=8) for _ in range(2))
+    with torch.inference_mode():
+        for _ in range(steps):
+            ours, reference = fast(tokens, fast_cache), model(tokens, readable_cache)
+            assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
+            tokens = reference[:, -1:].argmax(-1)
+    return tokens, fast_cache
+
+
 def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -270,13 +283,7 @@ def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
     model = Transformer.from_hf(hf)
     assert model.blocks[0].attn.qkv.bias is not None
     fast = fast_or_skip(model)
-    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(3))
-    caches = [model.new_cache(batch=2, max_tokens=8) for _ in range(2)]
-    with torch.inference_mode():
-        for _ in range(3):
-            ours, reference = fast(tokens, caches[0]), model(tokens, caches[1])
-            assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
-            tokens = reference[:, -1:].argmax(-1)
+    assert_fast_steps_match(fast, model, seed=3)
 
 
 def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monkeypatch):
@@ -284,13 +291,7 @@ def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monke
     # Python callback, and gets the readable engine's logits.
     monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fp32:linear")
     fast = fast_or_skip(tiny_engine)
-    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(8))
-    caches = [tiny_engine.new_cache(batch=2, max_tokens=8) for _ in range(2)]
-    with torch.inference_mode():
-        for _ in range(3):
-            ours, reference = fast(tokens, caches[0]), tiny_engine(tokens, caches[1])
-            assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
-            tokens = reference[:, -1:].argmax(-1)
+    tokens, cache = assert_fast_steps_match(fast, tiny_engine, seed=8)
 
     # An error inside the callback is raised from the step, not lost in C.
     def broken(path, x):
@@ -298,7 +299,7 @@ def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monke
 
     monkeypatch.setattr(tiny_engine.blocks[1].mlp.down, "run", broken)
     with pytest.raises(RuntimeError, match="this layer is broken"), torch.inference_mode():
-        fast(tokens, caches[0])
+        fast(tokens, cache)
 
 
 def test_a_dropped_fast_model_frees_its_weights_without_the_cyclic_gc(tiny_hf):

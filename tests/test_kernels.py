@@ -96,7 +96,8 @@ def runnable_variants():
 
 
 VARIANTS = runnable_variants()
-ROWS = [1, 2, 3, 4, 5, 7, 9, 12, 13, 16, 17]
+# 2-4 rows take the AVX-512/AVX2 decode tile; 5-7 leave 1-3 rows to the 4-row tile's remainder
+ROWS = [1, 2, 3, 4, 5, 6, 7, 9, 17]
 
 
 def close(ours, reference):

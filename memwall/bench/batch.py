@@ -47,17 +47,23 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
+def cache_with_context(engine_model, batch: int, context: int, max_tokens: int, generator):
+    """A KV cache for `batch` sequences that already holds `context` random tokens each."""
+    cache = engine_model.new_cache(batch=batch, max_tokens=max_tokens)
+    if context:
+        cache.keys[:, :, :, :context].normal_(generator=generator)
+        cache.values[:, :, :, :context].normal_(generator=generator)
+        cache.length = context
+    return cache
+
+
 @torch.inference_mode()
 def time_decode_steps(
     engine_model, batch: int, context: int, new_tokens: int, seed: int = 0
 ) -> dict:
     """Median seconds of one decode step for `batch` sequences that each hold `context` cached tokens."""
     generator = torch.Generator().manual_seed(seed)
-    cache = engine_model.new_cache(batch=batch, max_tokens=context + new_tokens)
-    if context:
-        cache.keys[:, :, :, :context].normal_(generator=generator)
-        cache.values[:, :, :, :context].normal_(generator=generator)
-        cache.length = context
+    cache = cache_with_context(engine_model, batch, context, context + new_tokens, generator)
     device = cache.keys.device
     vocab = engine_model.lm_head.out_features
     tokens = torch.randint(0, vocab, (batch, 1), generator=generator).to(device)

@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void fp32_stream_tile(const float *
 /* W fp32 [n_out, in]; `n_out` a multiple of 4 and `in` of 8. */
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
-    if (rows >= 2 && rows <= 4 && rows * in <= 8192) { /* x in 32 KiB, so in L1 beside w */
+    if (rows >= 2 && rows <= 4 && rows * in <= X_IN_L1_FLOATS) {
         for (long o = 0; o < n_out; o += 2) {
             if (rows == 2) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 2);
             if (rows == 3) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 3);

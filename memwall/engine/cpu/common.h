@@ -16,6 +16,9 @@
 #include <string.h>
 
 #define CHUNK 16
+/* Rows of x that a small-batch decode tile keeps in L1 beside its weights: 32 KiB of floats,
+ * two thirds of a 48 KiB L1 (and all of a 32 KiB one, where the weights then stream past). */
+#define X_IN_L1_FLOATS 8192
 
 static inline float bf16_to_float(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;

@@ -73,7 +73,6 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
  * bandwidth, but made the whole step 1.2-1.3x slower in another, so those batches keep the 4x4
  * tile. */
 #define STREAM_MAX_ROWS 4
-#define L1_X_FLOATS 8192
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
                                                                    const int ko, const int nr) {
@@ -121,7 +120,7 @@ static inline __attribute__((always_inline)) void fp32_stream_rows(const float *
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
     if (rows >= 2 && rows <= STREAM_MAX_ROWS) {
-        const int ko = rows * in > L1_X_FLOATS ? 4 : 2;
+        const int ko = rows * in > X_IN_L1_FLOATS ? 4 : 2;
         for (long o = 0; o < n_out; o += ko) {
             if (ko == 4) fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 4);
             else fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 2);
