@@ -4,17 +4,22 @@ process (A, B, A, B, ...), so that both see the same phase of a shared machine's
 Build each library first, e.g. for the committed kernels against an older commit:
 
     mkdir -p /tmp/base /tmp/new
-    for f in kernels_avx512.c common.h decode_ops.h; do
+    for f in kernels_avx512.c common.h decode_ops.h decode_step.h; do
       git show OLD:memwall/engine/cpu/$f > /tmp/base/$f; cp memwall/engine/cpu/$f /tmp/new/$f
     done
     for d in base new; do gcc -O3 -fno-trapping-math -shared -fPIC -mavx512f -mavx512bw \
       -mavx512vl -mavx512dq -mavx2 -mfma -fopenmp /tmp/$d/kernels_avx512.c -o /tmp/$d/k.so -lm; done
     .venv/bin/python benchmarks/fast_step_ab.py
 
+or name the two folders that hold k.so (e.g. builds of the AVX2 variant, cpu_kernels.c):
+
+    .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new
+
 Prints the median step of each build at B = 1, 4, 8 and 16 (context 40) and their ratio."""
 
 import ctypes
 import statistics
+import sys
 import time
 
 import torch
@@ -24,7 +29,8 @@ from memwall.bench.batch import cache_with_context
 from memwall.engine import Transformer, cpu_kernels
 from memwall.engine.cpu import build, fast_decode
 
-libs = {d: build.declare(ctypes.CDLL(f"/tmp/{d}/k.so")) for d in ("base", "new")}
+folders = dict(zip(("base", "new"), sys.argv[1:3] or ("/tmp/base", "/tmp/new")))
+libs = {d: build.declare(ctypes.CDLL(f"{folder}/k.so")) for d, folder in folders.items()}
 hf, _ = workload.load_model("smollm2-135m", "fp32", "cpu")
 model = Transformer.from_hf(hf)
 wrappers = {d: fast_decode.accelerate(model) for d in libs}

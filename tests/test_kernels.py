@@ -3,6 +3,8 @@ the reference path on the shapes it serves."""
 
 import contextlib
 import itertools
+import os
+import time
 
 import pytest
 import torch
@@ -412,3 +414,44 @@ def test_a_choice_timed_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
         chosen = paths.choose(layer, seeded(3, 64))
         assert chosen in layer.paths_for(seeded(3, 64))
         assert not paths.cache_file().exists()
+
+
+class TimedPaths(torch.nn.Module):
+    """A layer whose paths take the given times (seconds), for the calibration's rules."""
+
+    def __init__(self, seconds: dict[str, float]):
+        super().__init__()
+        self.seconds = seconds
+
+    def kernel_key(self):
+        return ("fp32", "8x8")
+
+    def paths_for(self, x):
+        return tuple(self.seconds)
+
+    def run(self, path, x):
+        time.sleep(self.seconds[path])
+        return x
+
+
+@pytest.mark.parametrize(
+    ("bmm_seconds", "expected"), [(0.95e-3, "c"), (0.3e-3, "bmm")], ids=["close", "clear-win"]
+)
+def test_another_path_replaces_the_fixed_one_only_when_clearly_faster(
+    monkeypatch, tmp_path, bmm_seconds, expected
+):
+    with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
+        monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 1)
+        layer = TimedPaths({"c": 1e-3, "bmm": bmm_seconds, "linear": 3e-3})
+        assert paths.choose(layer, seeded(1, 8)) == expected
+
+
+def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():
+    from memwall.engine.cpu import paths
+
+    layer = Linear(576, 960)
+    copies = paths._copies_to_overflow(layer)
+    assert copies * 576 * 960 * 4 >= 64 << 20
+    assert (copies - 1) * 576 * 960 * 4 < max(64 << 20, 2 * paths.last_level_cache_bytes())
+    if os.path.exists("/sys/devices/system/cpu/cpu0/cache/index0/size"):
+        assert paths.last_level_cache_bytes() >= 1 << 20

@@ -63,12 +63,12 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * out, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
-/* 2 output rows x `nr` (2 to 4) activation rows in one pass, with a steady trickle of prefetches
+/* 2 output rows x `nr` (1 to 4) activation rows in one pass, with a steady trickle of prefetches
  * two tiles ahead, for small decode batches: kernels_avx512.c's fp32_stream_tile in 8 lanes (16
  * registers hold 8 sums, 2 weight vectors and x). `sum4` reduces each row's vector in the order
  * fp32_tile does, so a row gets the same bits whichever tile made it. The whole fast decode step
  * at 4 rows, against the 4x3 tile, step by step in one process: 0.93x and 0.97x the time in two
- * runs (this variant on a Zen 5 CPU; not yet timed on an AVX2-only one). */
+ * runs, and 0.92x at 1 row (this variant on a Zen 5 CPU; not yet timed on an AVX2-only one). */
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
                                                                    const int nr) {
@@ -95,8 +95,9 @@ static inline __attribute__((always_inline)) void fp32_stream_tile(const float *
 /* W fp32 [n_out, in]; `n_out` a multiple of 4 and `in` of 8. */
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
-    if (rows >= 2 && rows <= 4 && rows * in <= X_IN_L1_FLOATS) {
+    if (rows <= 4 && rows * in <= X_IN_L1_FLOATS) {
         for (long o = 0; o < n_out; o += 2) {
+            if (rows == 1) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 1);
             if (rows == 2) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 2);
             if (rows == 3) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 3);
             if (rows == 4) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 4);

@@ -61,17 +61,17 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * y_stride, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
-/* 2 to 4 activation rows (small decode batches): `ko` (2 or 4) output rows x `nr` activation
+/* 1 to 4 activation rows (decode, small batches): `ko` (2 or 4) output rows x `nr` activation
  * rows, in one pass over the weight rows, with a steady trickle of prefetches: each iteration
  * asks for the `ko` cache lines two tiles ahead, the rate at which the tile consumes them. Sums are
  * reduced with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made
  * it. 2 output rows when the rows of x fit in L1 beside the weights (32 KiB of them), else 4, so
  * that each x vector loaded serves four weight rows.
  * Measured on a 2-core Zen 5 VM, the whole fast decode step against the 4x4 tile, step by step in
- * one process: 13.8 against 14.9 ms at 4 rows. At 8 and 16 rows the same kind of tile
- * (2 x 12, or 4 x 6 for a wide x) was faster on the weights alone in one phase of the VM's memory
- * bandwidth, but made the whole step 1.2-1.3x slower in another, so those batches keep the 4x4
- * tile. */
+ * one process: 13.8 against 14.9 ms at 4 rows; 0.93x the time at 1 row, where 2 output rows also
+ * beat 4 (0.95x). At 8 and 16 rows the same kind of tile (2 x 12, or 4 x 6 for a wide x) was
+ * faster on the weights alone in one phase of the VM's memory bandwidth, but made the whole step
+ * 1.2-1.3x slower in another, so those batches keep the 4x4 tile. */
 #define STREAM_MAX_ROWS 4
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
@@ -112,6 +112,7 @@ static inline __attribute__((always_inline)) void fp32_stream_tile(const float *
 static inline __attribute__((always_inline)) void fp32_stream_rows(const float *x, const float *w,
                                                                    float *y, long rows, long in,
                                                                    long y_stride, const int ko) {
+    if (rows == 1) fp32_stream_tile(x, w, y, in, y_stride, ko, 1);
     if (rows == 2) fp32_stream_tile(x, w, y, in, y_stride, ko, 2);
     if (rows == 3) fp32_stream_tile(x, w, y, in, y_stride, ko, 3);
     if (rows == 4) fp32_stream_tile(x, w, y, in, y_stride, ko, 4);
@@ -119,7 +120,7 @@ static inline __attribute__((always_inline)) void fp32_stream_rows(const float *
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
-    if (rows >= 2 && rows <= STREAM_MAX_ROWS) {
+    if (rows <= STREAM_MAX_ROWS) {
         const int ko = rows * in > X_IN_L1_FLOATS ? 4 : 2;
         for (long o = 0; o < n_out; o += ko) {
             if (ko == 4) fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 4);
