@@ -11,15 +11,20 @@ Build each library first, e.g. for the committed kernels against an older commit
       -mavx512vl -mavx512dq -mavx2 -mfma -fopenmp /tmp/$d/kernels_avx512.c -o /tmp/$d/k.so -lm; done
     .venv/bin/python benchmarks/fast_step_ab.py
 
-or name the two folders that hold k.so (e.g. builds of the AVX2 variant, cpu_kernels.c):
+or name the two folders that hold k.so (e.g. builds of the AVX2 variant, cpu_kernels.c) and
+the weight format:
 
-    .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new
+    .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new --format int8
 
-Prints the median step of each build at B = 1, 4, 8 and 16 (context 40) and their ratio."""
+Prints the median step of each build at B = 1, 4, 8 and 16 (context 40) and their ratio. Every
+matmul is pinned to memwall's C kernels (MEMWALL_KERNEL_PATH): the builds are what is compared,
+and a swapped-in library shares its calibration key with MEMWALL_CPU_KERNELS=0, whose choices
+are PyTorch's paths."""
 
+import argparse
 import ctypes
+import os
 import statistics
-import sys
 import time
 
 import torch
@@ -28,11 +33,19 @@ from memwall.bench import workload
 from memwall.bench.batch import cache_with_context
 from memwall.engine import Transformer, cpu_kernels
 from memwall.engine.cpu import build, fast_decode
+from memwall.engine.quant import quantize
 
-folders = dict(zip(("base", "new"), sys.argv[1:3] or ("/tmp/base", "/tmp/new")))
+parser = argparse.ArgumentParser()
+parser.add_argument("folders", nargs="*", default=["/tmp/base", "/tmp/new"])
+parser.add_argument("--format", choices=("fp32", "int8", "int4"), default="fp32")
+args = parser.parse_args()
+os.environ["MEMWALL_KERNEL_PATH"] = "fp32:c,int8:c,int4:c"
+folders = dict(zip(("base", "new"), args.folders))
 libs = {d: build.declare(ctypes.CDLL(f"{folder}/k.so")) for d, folder in folders.items()}
 hf, _ = workload.load_model("smollm2-135m", "fp32", "cpu")
 model = Transformer.from_hf(hf)
+if args.format != "fp32":
+    model = quantize(model, args.format)
 wrappers = {d: fast_decode.accelerate(model) for d in libs}
 context, steps = 40, 24
 Bs = [1, 4, 8, 16]

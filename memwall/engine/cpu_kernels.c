@@ -120,9 +120,10 @@ static inline __attribute__((always_inline)) void int8_tile(const float *x, cons
     __m256 acc[4][3];
     for (int k = 0; k < 4; k++)
         for (int j = 0; j < 3; j++) acc[k][j] = _mm256_setzero_ps();
+    const int8_t *ahead = w + 4 * in * tiles_ahead(4 * in);
     for (long i = 0; i < in; i += 8) {
         if (i % 64 == 0)
-            for (int k = 4; k < 8; k++) _mm_prefetch((const char *)(w + k * in + i), _MM_HINT_T0);
+            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)(ahead + k * in + i), _MM_HINT_T0);
         __m256 xv[3];
         for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * in + i);
         for (int k = 0; k < 4; k++) {

@@ -146,16 +146,17 @@ static inline __m512 int8x16_to_float(const int8_t *codes) {
 /* 4 output rows of int8 codes x `nr` (1 to 4) activation rows: fp32_tile's shape, with each 16
  * codes turned into floats once for every activation row of the tile (a kernel that converted
  * them once per row was compute-bound from 2 rows: 47 / 73 / 174 us at 1 / 4 / 8 rows for
- * 3072x576). The next tile's codes are requested one tile ahead, a cache line per 64 codes. */
+ * 3072x576). Codes are requested PREFETCH_AHEAD_BYTES ahead, a cache line per 64 codes. */
 static inline __attribute__((always_inline)) void int8_tile(const float *x, const int8_t *w,
                                                             const uint16_t *scales, float *y,
                                                             long in, long y_stride, const int nr) {
     __m512 acc[4][4];
     for (int k = 0; k < 4; k++)
         for (int j = 0; j < 4; j++) acc[k][j] = _mm512_setzero_ps();
+    const int8_t *ahead = w + 4 * in * tiles_ahead(4 * in);
     for (long i = 0; i < in; i += 16) {
         if (i % 64 == 0)
-            for (int k = 4; k < 8; k++) _mm_prefetch((const char *)(w + k * in + i), _MM_HINT_T0);
+            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)(ahead + k * in + i), _MM_HINT_T0);
         __m512 xv[4];
         for (int j = 0; j < nr; j++) xv[j] = _mm512_loadu_ps(x + j * in + i);
         for (int k = 0; k < 4; k++) {
