@@ -455,3 +455,22 @@ def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():
     assert (copies - 1) * 576 * 960 * 4 < max(64 << 20, 2 * paths.last_level_cache_bytes())
     if os.path.exists("/sys/devices/system/cpu/cpu0/cache/index0/size"):
         assert paths.last_level_cache_bytes() >= 1 << 20
+
+
+def test_a_calibration_copy_holds_only_its_layers_weights():
+    """A layer whose weight is a view into a larger buffer (as a model loaded into one allocation
+    would be) is copied by its own elements, not by the whole buffer."""
+    from memwall.engine.cpu import paths
+
+    buffer = torch.randn(4 * 64 * 32)
+    layer = Linear(32, 64)
+    layer.weight = torch.nn.Parameter(
+        buffer[64 * 32 : 2 * 64 * 32].view(64, 32), requires_grad=False
+    )
+    twin = paths._copy_of(layer)
+    assert twin.weight.untyped_storage().nbytes() == 64 * 32 * 4
+    assert (
+        torch.equal(twin.weight, layer.weight) and twin.weight.data_ptr() != layer.weight.data_ptr()
+    )
+    x = seeded(2, 32)
+    assert torch.equal(twin.run("bmm", x), layer.run("bmm", x))

@@ -143,7 +143,7 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     # on small matrices), and one call after a cache flush is mostly its cold start, too noisy to
     # rank paths within 10%. So a sample runs the path through enough copies of the layer to
     # overflow the caches, one after the other, as decode runs layers.
-    copies = [layer] + [copy.deepcopy(layer) for _ in range(_copies_to_overflow(layer) - 1)]
+    copies = [layer] + [_copy_of(layer) for _ in range(_copies_to_overflow(layer) - 1)]
     times = {path: [] for path in candidates}
     with torch.inference_mode():
         for path in candidates:
@@ -164,6 +164,18 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     if usual in best and best[fastest] > CLEAR_WIN * best[usual]:
         return usual
     return fastest
+
+
+def _copy_of(layer):
+    """`layer` with clones of its tensors: a clone copies a view's elements, where deepcopy would
+    copy the whole storage the view is cut from (a model can load as views into one buffer)."""
+    twin = copy.copy(layer)
+    twin._parameters = {
+        name: None if p is None else torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+        for name, p in layer._parameters.items()
+    }
+    twin._buffers = {name: None if b is None else b.clone() for name, b in layer._buffers.items()}
+    return twin
 
 
 def _copies_to_overflow(layer) -> int:
