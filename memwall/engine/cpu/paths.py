@@ -45,6 +45,7 @@ PATHS = {
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
+METHOD = 2  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.9  # another path replaces the fixed rule's only when it takes under 0.9 of its time
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
@@ -218,6 +219,7 @@ def machine_key() -> dict:
         "torch_version": torch.__version__,
         "kernel_variant": cpu_kernels.variant(),
         "kernel_source": build.source_hash(),
+        "method": METHOD,
     }
     key["id"] = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return key
