@@ -180,10 +180,19 @@ def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     `copy.deepcopy(model).to(dtype)` would first hold a second full-precision copy (538 MB more
     for SmolLM2-135M in fp32); here each tensor is converted straight into the copy, and a tensor
     two modules share (a tied head) stays shared."""
+    return copy_with(model, lambda t: t.detach().to(dtype) if t.is_floating_point() else None)
+
+
+def copy_with(model: nn.Module, convert) -> nn.Module:
+    """A copy of `model` in which each tensor (parameter or buffer) is `convert(tensor)`, made one
+    tensor at a time; a tensor two modules share stays shared, and one for which convert returns
+    None is copied as deepcopy copies it."""
     converted = {}
     for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.is_floating_point() and id(tensor) not in converted:
-            new = tensor.detach().to(dtype)
+        if id(tensor) in converted:
+            continue
+        new = convert(tensor)
+        if new is not None:
             is_parameter = isinstance(tensor, nn.Parameter)
             converted[id(tensor)] = nn.Parameter(new, requires_grad=False) if is_parameter else new
     return copy.deepcopy(model, memo=converted)

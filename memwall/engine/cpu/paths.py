@@ -22,7 +22,6 @@ A pinned path that cannot take an input falls back to the fixed rule.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -30,11 +29,11 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from memwall.engine import cpu_kernels
+from memwall.fingerprint import last_level_cache_bytes
 
 ENV = "MEMWALL_KERNEL_PATH"
 PATHS = {
@@ -170,13 +169,9 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
 def _copy_of(layer):
     """`layer` with clones of its tensors: a clone copies a view's elements, where deepcopy would
     copy the whole storage the view is cut from (a model can load as views into one buffer)."""
-    twin = copy.copy(layer)
-    twin._parameters = {
-        name: None if p is None else torch.nn.Parameter(p.detach().clone(), requires_grad=False)
-        for name, p in layer._parameters.items()
-    }
-    twin._buffers = {name: None if b is None else b.clone() for name, b in layer._buffers.items()}
-    return twin
+    from memwall.engine.sharing import copy_with
+
+    return copy_with(layer, lambda t: t.detach().clone())
 
 
 def _copies_to_overflow(layer) -> int:
@@ -184,21 +179,6 @@ def _copies_to_overflow(layer) -> int:
     tensors = [*layer.parameters(), *layer.buffers()]
     size = sum(t.numel() * t.element_size() for t in tensors) or 1
     return max(1, -(-max(2 * last_level_cache_bytes(), 64 << 20) // size))
-
-
-@functools.cache
-def last_level_cache_bytes() -> int:
-    """The largest cache Linux reports for CPU 0 (0 where it reports none)."""
-    sizes = [0]
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-        if text.rstrip("KM").isdigit():
-            sizes.append(int(text.rstrip("KM")) * unit)
-    return max(sizes)
 
 
 # ---- the decisions on disk, keyed by this machine -------------------------------------------------
