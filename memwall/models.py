@@ -146,7 +146,8 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 
 
 def random_init(spec, dtype=None, device: str | None = None, seed: int = 0):
-    """A transformers Llama model with the shape of `spec` and random weights (for speed studies).
+    """A transformers Llama model (Qwen2 where the spec has q/k/v biases) with the shape of `spec`
+    and random weights (for speed studies).
 
     Built directly on `device`, so an 8B-parameter model never passes through CPU memory on a GPU box.
     """
@@ -159,19 +160,31 @@ def random_init(spec, dtype=None, device: str | None = None, seed: int = 0):
     spec = get_spec(spec)
     if spec.arch != "llama":
         raise ValueError(f"random_init builds Llama-family models; {spec.name} is {spec.arch!r}.")
-    config = LlamaConfig(
+    shape = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.d_model,
         intermediate_size=spec.d_ff,
         num_hidden_layers=spec.n_layers,
         num_attention_heads=spec.n_heads,
         num_key_value_heads=spec.n_kv_heads,
-        head_dim=spec.head_dim,
         max_position_embeddings=spec.max_context,
         tie_word_embeddings=spec.tied_embeddings,
-        rms_norm_eps=1e-5,
-        rope_theta=getattr(spec, "rope_theta", 10000.0),
+        rms_norm_eps=spec.norm_eps,
+        rope_theta=spec.rope_theta,
     )
+    if spec.qkv_bias:
+        # Biases on q, k and v only is Qwen2's attention. Llama's attention_bias would put one on
+        # o_proj as well, which the spec does not count and the engine does not have.
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        if spec.head_dim != spec.d_model // spec.n_heads:
+            raise ValueError(
+                f"random_init builds q/k/v-bias models as Qwen2, whose head_dim is "
+                f"d_model / n_heads; {spec.name} has head_dim {spec.head_dim}."
+            )
+        config, model_class = Qwen2Config(**shape), Qwen2ForCausalLM
+    else:
+        config, model_class = LlamaConfig(head_dim=spec.head_dim, **shape), LlamaForCausalLM
     dtype = dtype or torch.float32
     device = device or default_device()
     torch.manual_seed(seed)
@@ -179,7 +192,18 @@ def random_init(spec, dtype=None, device: str | None = None, seed: int = 0):
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model = model_class(config)
     finally:
         torch.set_default_dtype(previous)
+    if (
+        spec.qkv_bias
+    ):  # transformers starts biases at zero, which would hide an engine that drops them
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
+                    proj.bias.normal_(std=config.initializer_range)
     return model.eval()

@@ -258,32 +258,53 @@ def assert_fast_steps_match(fast, model, seed: int, steps: int = 3):
     return tokens, fast_cache
 
 
-def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_qwen_style():
+    """A tiny random transformers model with biases on q, k and v (Qwen2's attention)."""
+    from memwall import models
+    from memwall.specs import ModelSpec
 
+    spec = ModelSpec(
+        name="tiny-qkv-bias",
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        d_ff=160,
+        vocab_size=256,
+        tied_embeddings=True,
+        max_context=256,
+        qkv_bias=True,
+    )
+    return models.random_init(spec, dtype=torch.float32, seed=9)
+
+
+def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
     from memwall.engine import Transformer
 
     monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fixed")  # the C kernels, then the bias in C
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        attention_bias=True,
-    )
-    torch.manual_seed(9)
-    hf = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in hf.model.layers:
-            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                projection.bias.normal_()  # nonzero, so that a missing bias shows
+    hf = tiny_qwen_style()
+    assert hf.model.layers[0].self_attn.q_proj.bias.abs().max() > 0  # a dropped bias would show
+    assert hf.model.layers[0].self_attn.o_proj.bias is None
     model = Transformer.from_hf(hf)
     assert model.blocks[0].attn.qkv.bias is not None
+    tokens = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        assert (model(tokens) - hf(tokens).logits).abs().max() < TOLERANCE
     fast = fast_or_skip(model)
     assert_fast_steps_match(fast, model, seed=3)
+
+
+def test_from_hf_refuses_biases_the_engine_has_no_place_for():
+    # transformers' Llama with attention_bias=True also biases o_proj; dropping it would change
+    # every logit without a word.
+    from memwall.engine import Transformer
+
+    hf = tiny_qwen_style()
+    o_proj = hf.model.layers[1].self_attn.o_proj
+    o_proj.bias = torch.nn.Parameter(torch.zeros(o_proj.out_features))
+    with pytest.raises(ValueError, match="o_proj"):
+        Transformer.from_hf(hf)
 
 
 def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monkeypatch):

@@ -95,7 +95,7 @@ class Transformer(nn.Module):
             )
         ref = hf_model.model
         param = next(hf_model.parameters())
-        qkv_bias = ref.layers[0].self_attn.q_proj.bias is not None
+        qkv_bias = _qkv_bias(ref.layers)
         with torch.device(param.device), _default_dtype(param.dtype):
             model = cls(
                 vocab_size=cfg.vocab_size,
@@ -156,6 +156,33 @@ class Transformer(nn.Module):
             if not name.startswith("embed.")
         )
         return total + self.embed.weight.shape[1] * self.embed.weight.element_size()
+
+
+def _qkv_bias(layers) -> bool:
+    """Whether a transformers model's q/k/v projections carry biases (Qwen2's do). Biases anywhere
+    else, or on only some layers, have no place in the engine: an error, rather than dropped."""
+    names = {
+        "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+        "mlp": ("gate_proj", "up_proj", "down_proj"),
+    }
+    patterns = {
+        tuple(
+            f"{part}.{name}"
+            for part, projs in names.items()
+            for name in projs
+            if getattr(getattr(layer, part), name).bias is not None
+        )
+        for layer in layers
+    }
+    qkv = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    if patterns <= {(), qkv} and len(patterns) == 1:
+        return patterns == {qkv}
+    found = sorted({name for pattern in patterns for name in pattern})
+    raise ValueError(
+        f"memwall's engine has biases only on q, k and v in every layer (as Qwen2); this model has "
+        f"them on {', '.join(found)}, not in that pattern (transformers' attention_bias / mlp_bias "
+        "options). Use the transformers model itself for it."
+    )
 
 
 @contextlib.contextmanager
