@@ -16,7 +16,8 @@ the weight format:
 
     .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new --format int8
 
-Prints the median step of each build at B = 1, 4, 8 and 16 (context 40) and their ratio. Every
+Prints the median step of each build at B = 1, 4, 8 and 16 (or --batch; context 40 or
+--context) and their ratio. Every
 matmul is pinned to memwall's C kernels (MEMWALL_KERNEL_PATH): the builds are what is compared,
 and a swapped-in library shares its calibration key with MEMWALL_CPU_KERNELS=0, whose choices
 are PyTorch's paths."""
@@ -38,6 +39,8 @@ from memwall.engine.quant import quantize
 parser = argparse.ArgumentParser()
 parser.add_argument("folders", nargs="*", default=["/tmp/base", "/tmp/new"])
 parser.add_argument("--format", choices=("fp32", "int8", "int4"), default="fp32")
+parser.add_argument("--context", type=int, default=40, help="cached tokens per sequence")
+parser.add_argument("--batch", default="1,4,8,16")
 args = parser.parse_args()
 os.environ["MEMWALL_KERNEL_PATH"] = "fp32:c,int8:c,int4:c"
 folders = dict(zip(("base", "new"), args.folders))
@@ -47,8 +50,8 @@ model = Transformer.from_hf(hf)
 if args.format != "fp32":
     model = quantize(model, args.format)
 wrappers = {d: fast_decode.accelerate(model) for d in libs}
-context, steps = 40, 24
-Bs = [1, 4, 8, 16]
+context, steps = args.context, 24
+Bs = [int(b) for b in args.batch.split(",")]
 state = {}
 for d, wrapper in wrappers.items():
     cpu_kernels.library = lambda d=d: libs[d]

@@ -137,14 +137,18 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         lib.silu_mul(ptr(gate_up), ptr(out), d_ff, rows, 2)
         gate, up = gate_up.double().split(d_ff, dim=1)
         assert torch.allclose(out.double(), F.silu(gate) * up, rtol=1e-6, atol=1e-30)
-    heads, kv_heads, max_tokens, rows = 6, 2, 40, 3
-    # head_dim 24: a part of 32 columns only; 72: two whole ones and a part. 200 tokens: threaded.
-    for head_dim, length in itertools.product((24, 72), (1, 5, 33, 200)):
+    rows, max_tokens = 3, 40
+    # head_dim 24: a part of 32 columns only; 72: two whole ones and a part. 200 tokens:
+    # threaded; 600: three chunks of keys to merge. Groups of 3, 5 (a pass of 4 heads, then 1)
+    # and 1 query head per key/value head.
+    cases = itertools.product(((6, 2), (10, 2), (4, 4)), (24, 72), (1, 5, 33, 200, 600))
+    for (heads, kv_heads), head_dim, length in cases:
         max_tokens = max(max_tokens, length)
         qkv = seeded(rows, heads + 2 * kv_heads, head_dim, seed=length) * 4
         caches = seeded(2, rows, kv_heads, max_tokens, head_dim, seed=length + 1)
         keys, values = caches.unbind(0)
-        out, scratch = torch.empty(rows, heads, head_dim), torch.empty(rows * heads * length)
+        out = torch.empty(rows, heads, head_dim)
+        scratch = torch.empty(lib.attend_scratch_floats(rows, heads, head_dim, length))
         lib.attend_one(
             *map(ptr, (qkv, keys, values, out)),
             heads,

@@ -178,6 +178,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "add_rmsnorm": ([pointer] * 4 + [long, long, ctypes.c_float, c_int], None),
         "rope_and_store": ([pointer] * 3 + [long] * 3 + [pointer] * 2 + [long] * 4 + [c_int], None),
         "attend_one": ([pointer] * 4 + [long] * 5 + [pointer, c_int, long, long], None),
+        "attend_scratch_floats": ([long] * 4, long),
         "silu_mul": ([pointer] * 2 + [long, long, c_int], None),
         "add_into": ([pointer] * 2 + [long, long], None),
         "run_matmul": (

@@ -75,91 +75,155 @@ void rope_and_store(float *qkv, const float *cos, const float *sin, long heads, 
     }
 }
 
-/* One query token of each of `rows` sequences (in qkv, laid out as above) against its `length`
- * cached tokens; out [rows, heads, head_dim]. Each group of heads / kv_heads query heads shares
- * one key/value head (GQA). scratch: rows * heads * length floats. The `omp simd` reductions let
- * the compiler split each sum across vector lanes (plain C may not reorder a float sum): without
- * them this was a scalar loop, and at a few hundred tokens of context attention took as long as
- * a layer's weights. */
-void attend_one(const float *qkv, const float *k_cache, const float *v_cache, float *out,
-                long heads, long kv_heads, long head_dim, long length, long max_tokens,
-                float *scratch, int threads, long rows, long cache_stride) {
-    float scale = 1.0f / sqrtf((float)head_dim);
-    long width = (heads + 2 * kv_heads) * head_dim;
-    /* two threads pay off above about 400 (query head, token) pairs on the CPUs tried */
-    #pragma omp parallel for num_threads(threads) schedule(static) if (rows * heads * length >= 512)
-    for (long job = 0; job < rows * heads; job++) {
-        long row = job / heads, h = job % heads;
-        long kv = row * cache_stride + (h / (heads / kv_heads)) * max_tokens * head_dim;
-        const float *qh = qkv + row * width + h * head_dim;
-        const float *keys = k_cache + kv, *values = v_cache + kv;
-        /* the next job's cache, whose first tokens are asked for while this job ends */
-        long next = job + 1 < rows * heads ? job + 1 : job;
-        long next_kv = (next / heads) * cache_stride
-                       + ((next % heads) / (heads / kv_heads)) * max_tokens * head_dim;
-        float *scores = scratch + job * length, top = -INFINITY, total = 0.0f;
-        /* Two tokens at a time: their dot products are independent sums, so neither waits for
-         * the other's additions. */
-        for (long t = 0; t < length; t += 2) {
-            /* the cache comes from memory: ask for tokens t + 8 and t + 9 now */
-            for (long ahead = t + 8; ahead < t + 10; ahead++) {
-                const float *k_ahead = keys + ahead * head_dim, *v_ahead = values + ahead * head_dim;
-                if (ahead >= length) {
-                    k_ahead = k_cache + next_kv + (ahead - length) * head_dim;
-                    v_ahead = v_cache + next_kv + (ahead - length) * head_dim;
-                }
-                for (long i = 0; i < head_dim; i += 16) {
-                    __builtin_prefetch(k_ahead + i);
-                    __builtin_prefetch(v_ahead + i);
-                }
+/* ---- attention of one new token against its cache ------------------------------------------
+ * A job is one sequence, one key/value head and one chunk of ATTEND_CHUNK cached tokens. The
+ * chunk's keys and values are read once for all the query heads that share them (GQA), and
+ * chunks give the threads work when a batch has few sequences and few key/value heads. Each chunk
+ * leaves its softmax unnormalized (its largest score, its total and its weighted sum of values);
+ * a last pass merges the chunks, as flash-decoding does (Dao et al. 2023). How a row is cut into
+ * chunks depends only on its length, so a row gets the same bits in any batch, on any thread
+ * count. */
+#define ATTEND_CHUNK 256
+#define HEADS_AT_ONCE 4 /* query heads of a group per pass: their sums fit in registers */
+
+/* Scratch floats attend_one needs: every head's scores, and each chunk's partial result. */
+long attend_scratch_floats(long rows, long heads, long head_dim, long length) {
+    long chunks = (length + ATTEND_CHUNK - 1) / ATTEND_CHUNK;
+    return rows * heads * (length + chunks * (head_dim + 2));
+}
+
+/* `hn` query heads (q, head_dim apart) against n tokens of keys and values. Scores go to
+ * scores[j * length + t]; head j's partial result, (largest score, total, head_dim sums), to
+ * partial[j * partial_stride]. `available` tokens follow keys in memory (for prefetching). */
+static inline __attribute__((always_inline)) void attend_chunk(
+    const float *q, const float *keys, const float *values, long n, long available, long head_dim,
+    float scale, float *scores, long length, float *partial, long partial_stride, const int hn) {
+    /* ask for the cache PREFETCH_AHEAD_BYTES ahead: far enough to cover memory's latency */
+    long ahead = PREFETCH_AHEAD_BYTES / (long)(sizeof(float) * head_dim);
+    ahead = ahead < 2 ? 2 : ahead;
+    /* Two tokens at a time: their dot products are independent sums, so neither waits for the
+     * other's additions. The `omp simd` reductions let the compiler split each sum across vector
+     * lanes (plain C may not reorder a float sum). */
+    for (long t = 0; t < n; t += 2) {
+        for (long u = t + ahead; u < t + ahead + 2 && u < available; u++)
+            for (long i = 0; i < head_dim; i += 16) {
+                __builtin_prefetch(keys + u * head_dim + i);
+                __builtin_prefetch(values + u * head_dim + i);
             }
-            const float *key = keys + t * head_dim, *key2 = key + head_dim;
+        const float *key = keys + t * head_dim, *key2 = key + head_dim;
+        for (int j = 0; j < hn; j++) {
+            const float *qh = q + j * head_dim;
             float dot = 0.0f, dot2 = 0.0f;
-            if (t + 1 < length) {
+            if (t + 1 < n) {
                 #pragma omp simd reduction(+ : dot, dot2)
                 for (long i = 0; i < head_dim; i++) {
                     dot += qh[i] * key[i];
                     dot2 += qh[i] * key2[i];
                 }
-                scores[t + 1] = dot2 * scale;
+                scores[j * length + t + 1] = dot2 * scale;
             } else {
                 #pragma omp simd reduction(+ : dot)
                 for (long i = 0; i < head_dim; i++) dot += qh[i] * key[i];
             }
-            scores[t] = dot * scale;
+            scores[j * length + t] = dot * scale;
         }
+    }
+    for (int j = 0; j < hn; j++) {
+        float *s = scores + j * length, top = -INFINITY, total = 0.0f;
         #pragma omp simd reduction(max : top)
-        for (long t = 0; t < length; t++) top = scores[t] > top ? scores[t] : top;
+        for (long t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
         #pragma omp simd reduction(+ : total)
-        for (long t = 0; t < length; t++) total += scores[t] = exp_vectorizable(scores[t] - top);
-        /* The weighted sum of values, 32 columns at a time in local arrays that the compiler
-         * keeps in registers (summing into `out` made each token wait for the last one's store),
-         * even and odd tokens apart so that each multiply-add need not wait for the one before. */
-        float inverse = 1.0f / total;
-        for (long i0 = 0; i0 < head_dim; i0 += 32) {
-            long n = head_dim - i0 < 32 ? head_dim - i0 : 32;
-            float sums[32] = {0}, odd[32] = {0};
-            const float *value = values + i0;
-            if (n == 32) {
-                long t = 0;
-                for (; t + 2 <= length; t += 2, value += 2 * head_dim) {
+        for (long t = 0; t < n; t++) total += s[t] = exp_vectorizable(s[t] - top);
+        partial[j * partial_stride] = top;
+        partial[j * partial_stride + 1] = total;
+    }
+    /* The weighted sums of values, 32 columns at a time in local arrays that the compiler keeps
+     * in registers (summing into memory made each token wait for the last one's store), even and
+     * odd tokens apart so that each multiply-add need not wait for the one before. */
+    for (long i0 = 0; i0 < head_dim; i0 += 32) {
+        long width = head_dim - i0 < 32 ? head_dim - i0 : 32;
+        float sums[HEADS_AT_ONCE][32] = {{0}}, odd[HEADS_AT_ONCE][32] = {{0}};
+        const float *value = values + i0;
+        if (width == 32) {
+            long t = 0;
+            for (; t + 2 <= n; t += 2, value += 2 * head_dim)
+                for (int j = 0; j < hn; j++) {
+                    float a = scores[j * length + t], b = scores[j * length + t + 1];
                     #pragma omp simd
                     for (long i = 0; i < 32; i++) {
-                        sums[i] += scores[t] * value[i];
-                        odd[i] += scores[t + 1] * value[head_dim + i];
+                        sums[j][i] += a * value[i];
+                        odd[j][i] += b * value[head_dim + i];
                     }
                 }
-                if (t < length) {
+            if (t < n)
+                for (int j = 0; j < hn; j++) {
+                    float a = scores[j * length + t];
                     #pragma omp simd
-                    for (long i = 0; i < 32; i++) sums[i] += scores[t] * value[i];
+                    for (long i = 0; i < 32; i++) sums[j][i] += a * value[i];
                 }
-                #pragma omp simd
-                for (long i = 0; i < 32; i++) sums[i] += odd[i];
-            } else {
-                for (long t = 0; t < length; t++, value += head_dim)
-                    for (long i = 0; i < n; i++) sums[i] += scores[t] * value[i];
+        } else {
+            for (long t = 0; t < n; t++, value += head_dim)
+                for (int j = 0; j < hn; j++)
+                    for (long i = 0; i < width; i++) sums[j][i] += scores[j * length + t] * value[i];
+        }
+        for (int j = 0; j < hn; j++)
+            for (long i = 0; i < width; i++)
+                partial[j * partial_stride + 2 + i0 + i] = sums[j][i] + odd[j][i];
+    }
+}
+
+/* One query token of each of `rows` sequences (in qkv, laid out as above) against its `length`
+ * cached tokens; out [rows, heads, head_dim]. Each group of heads / kv_heads query heads shares
+ * one key/value head (GQA). scratch: attend_scratch_floats(rows, heads, head_dim, length). */
+void attend_one(const float *qkv, const float *k_cache, const float *v_cache, float *out,
+                long heads, long kv_heads, long head_dim, long length, long max_tokens,
+                float *scratch, int threads, long rows, long cache_stride) {
+    float scale = 1.0f / sqrtf((float)head_dim);
+    long width = (heads + 2 * kv_heads) * head_dim, group = heads / kv_heads;
+    long chunks = (length + ATTEND_CHUNK - 1) / ATTEND_CHUNK, stride = head_dim + 2;
+    float *partials = scratch + rows * heads * length; /* [rows, heads, chunks, stride] */
+    /* two threads pay off above about 400 (query head, token) pairs on the CPUs tried */
+    #pragma omp parallel num_threads(threads) if (rows * heads * length >= 512)
+    {
+        #pragma omp for schedule(static)
+        for (long job = 0; job < rows * kv_heads * chunks; job++) {
+            long chunk = job % chunks, kv = (job / chunks) % kv_heads, row = job / chunks / kv_heads;
+            long t0 = chunk * ATTEND_CHUNK, n = length - t0 < ATTEND_CHUNK ? length - t0 : ATTEND_CHUNK;
+            long at = row * cache_stride + (kv * max_tokens + t0) * head_dim;
+            for (long h0 = 0; h0 < group; h0 += HEADS_AT_ONCE) {
+                long head = row * heads + kv * group + h0; /* the first of this pass's heads */
+                const float *q = qkv + row * width + (kv * group + h0) * head_dim;
+                float *scores = scratch + head * length + t0;
+                float *partial = partials + (head * chunks + chunk) * stride;
+                long hn = group - h0 < HEADS_AT_ONCE ? group - h0 : HEADS_AT_ONCE;
+                const long args_stride = chunks * stride;
+#define ATTEND_CHUNK_FOR(HN)                                                                      \
+    attend_chunk(q, k_cache + at, v_cache + at, n, length - t0, head_dim, scale, scores, length, \
+                 partial, args_stride, HN)
+                if (hn == 4) ATTEND_CHUNK_FOR(4);
+                else if (hn == 3) ATTEND_CHUNK_FOR(3);
+                else if (hn == 2) ATTEND_CHUNK_FOR(2);
+                else ATTEND_CHUNK_FOR(1);
+#undef ATTEND_CHUNK_FOR
             }
-            for (long i = 0; i < n; i++) out[job * head_dim + i0 + i] = sums[i] * inverse;
+        }
+        /* merge: out = sum_c e^(top_c - top) sums_c / sum_c e^(top_c - top) total_c */
+        #pragma omp for schedule(static)
+        for (long head = 0; head < rows * heads; head++) {
+            const float *p = partials + head * chunks * stride;
+            float top = -INFINITY, total = 0.0f;
+            for (long c = 0; c < chunks; c++) top = p[c * stride] > top ? p[c * stride] : top;
+            float *o = out + head * head_dim;
+            for (long i = 0; i < head_dim; i++) o[i] = 0.0f;
+            for (long c = 0; c < chunks; c++) {
+                float weight = exp_vectorizable(p[c * stride] - top);
+                total += weight * p[c * stride + 1];
+                #pragma omp simd
+                for (long i = 0; i < head_dim; i++) o[i] += weight * p[c * stride + 2 + i];
+            }
+            float inverse = 1.0f / total;
+            #pragma omp simd
+            for (long i = 0; i < head_dim; i++) o[i] *= inverse;
         }
     }
 }

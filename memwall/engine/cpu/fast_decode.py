@@ -192,7 +192,9 @@ class FastDecoder(nn.Module):
         m = self.model
         position = cache.length
         torch.index_select(m.embed.weight, 0, tokens, out=plan.buf["x"])
-        scratch = torch.empty(rows * m.n_heads * (position + 1))
+        scratch = torch.empty(
+            plan.lib.attend_scratch_floats(rows, m.n_heads, m.head_dim, position + 1)
+        )
         status = plan.lib.decode_layers(
             plan.layers,
             len(plan.layers),
