@@ -166,6 +166,21 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         v = values[:, :, :length].repeat_interleave(heads // kv_heads, 1)
         reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
         assert close(out.double(), reference[:, :, 0])
+        # the last row alone, on one thread, gets the same bits as in the batch on two
+        alone = torch.empty(1, heads, head_dim)
+        lib.attend_one(
+            *map(ptr, (qkv[-1:], keys[-1:], values[-1:], alone)),
+            heads,
+            kv_heads,
+            head_dim,
+            length,
+            max_tokens,
+            ptr(scratch),
+            1,
+            1,
+            keys.stride(0),
+        )
+        assert torch.equal(alone[0], out[-1])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -172,6 +172,24 @@ static inline __attribute__((always_inline)) void attend_chunk(
     }
 }
 
+/* attend_chunk with the head count as a constant, so that its loops over heads unroll. */
+static void attend_heads(const float *q, const float *keys, const float *values, long n,
+                         long available, long head_dim, float scale, float *scores, long length,
+                         float *partial, long partial_stride, long hn) {
+    if (hn == 4)
+        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
+                     partial_stride, 4);
+    else if (hn == 3)
+        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
+                     partial_stride, 3);
+    else if (hn == 2)
+        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
+                     partial_stride, 2);
+    else
+        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
+                     partial_stride, 1);
+}
+
 /* One query token of each of `rows` sequences (in qkv, laid out as above) against its `length`
  * cached tokens; out [rows, heads, head_dim]. Each group of heads / kv_heads query heads shares
  * one key/value head (GQA). scratch: attend_scratch_floats(rows, heads, head_dim, length). */
@@ -187,8 +205,9 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
     {
         #pragma omp for schedule(static)
         for (long job = 0; job < rows * kv_heads * chunks; job++) {
-            long chunk = job % chunks, kv = (job / chunks) % kv_heads, row = job / chunks / kv_heads;
-            long t0 = chunk * ATTEND_CHUNK, n = length - t0 < ATTEND_CHUNK ? length - t0 : ATTEND_CHUNK;
+            long chunk = job % chunks, kv = job / chunks % kv_heads, row = job / chunks / kv_heads;
+            long t0 = chunk * ATTEND_CHUNK;
+            long n = length - t0 < ATTEND_CHUNK ? length - t0 : ATTEND_CHUNK;
             long at = row * cache_stride + (kv * max_tokens + t0) * head_dim;
             for (long h0 = 0; h0 < group; h0 += HEADS_AT_ONCE) {
                 long head = row * heads + kv * group + h0; /* the first of this pass's heads */
@@ -196,15 +215,8 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
                 float *scores = scratch + head * length + t0;
                 float *partial = partials + (head * chunks + chunk) * stride;
                 long hn = group - h0 < HEADS_AT_ONCE ? group - h0 : HEADS_AT_ONCE;
-                const long args_stride = chunks * stride;
-#define ATTEND_CHUNK_FOR(HN)                                                                      \
-    attend_chunk(q, k_cache + at, v_cache + at, n, length - t0, head_dim, scale, scores, length, \
-                 partial, args_stride, HN)
-                if (hn == 4) ATTEND_CHUNK_FOR(4);
-                else if (hn == 3) ATTEND_CHUNK_FOR(3);
-                else if (hn == 2) ATTEND_CHUNK_FOR(2);
-                else ATTEND_CHUNK_FOR(1);
-#undef ATTEND_CHUNK_FOR
+                attend_heads(q, k_cache + at, v_cache + at, n, length - t0, head_dim, scale,
+                             scores, length, partial, chunks * stride, hn);
             }
         }
         /* merge: out = sum_c e^(top_c - top) sums_c / sum_c e^(top_c - top) total_c */
