@@ -94,10 +94,12 @@ long attend_scratch_floats(long rows, long heads, long head_dim, long length) {
 
 /* `hn` query heads (q, head_dim apart) against n tokens of keys and values. Scores go to
  * scores[j * length + t]; head j's partial result, (largest score, total, head_dim sums), to
- * partial[j * partial_stride]. `available` tokens follow keys in memory (for prefetching). */
+ * partial[j * partial_stride]. next_keys and next_values are where the next job starts: its
+ * first tokens are asked for while this one ends. */
 static inline __attribute__((always_inline)) void attend_chunk(
-    const float *q, const float *keys, const float *values, long n, long available, long head_dim,
-    float scale, float *scores, long length, float *partial, long partial_stride, const int hn) {
+    const float *q, const float *keys, const float *values, long n, const float *next_keys,
+    const float *next_values, long head_dim, float scale, float *scores, long length,
+    float *partial, long partial_stride, const int hn) {
     /* ask for the cache PREFETCH_AHEAD_BYTES ahead: far enough to cover memory's latency */
     long ahead = PREFETCH_AHEAD_BYTES / (long)(sizeof(float) * head_dim);
     ahead = ahead < 2 ? 2 : ahead;
@@ -105,11 +107,14 @@ static inline __attribute__((always_inline)) void attend_chunk(
      * other's additions. The `omp simd` reductions let the compiler split each sum across vector
      * lanes (plain C may not reorder a float sum). */
     for (long t = 0; t < n; t += 2) {
-        for (long u = t + ahead; u < t + ahead + 2 && u < available; u++)
+        for (long u = t + ahead; u < t + ahead + 2; u++) {
+            const float *k = u < n ? keys + u * head_dim : next_keys + (u - n) * head_dim;
+            const float *v = u < n ? values + u * head_dim : next_values + (u - n) * head_dim;
             for (long i = 0; i < head_dim; i += 16) {
-                __builtin_prefetch(keys + u * head_dim + i);
-                __builtin_prefetch(values + u * head_dim + i);
+                __builtin_prefetch(k + i);
+                __builtin_prefetch(v + i);
             }
+        }
         const float *key = keys + t * head_dim, *key2 = key + head_dim;
         for (int j = 0; j < hn; j++) {
             const float *qh = q + j * head_dim;
@@ -174,20 +179,24 @@ static inline __attribute__((always_inline)) void attend_chunk(
 
 /* attend_chunk with the head count as a constant, so that its loops over heads unroll. */
 static void attend_heads(const float *q, const float *keys, const float *values, long n,
-                         long available, long head_dim, float scale, float *scores, long length,
-                         float *partial, long partial_stride, long hn) {
-    if (hn == 4)
-        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
-                     partial_stride, 4);
-    else if (hn == 3)
-        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
-                     partial_stride, 3);
-    else if (hn == 2)
-        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
-                     partial_stride, 2);
-    else
-        attend_chunk(q, keys, values, n, available, head_dim, scale, scores, length, partial,
-                     partial_stride, 1);
+                         const float *next_keys, const float *next_values, long head_dim,
+                         float scale, float *scores, long length, float *partial,
+                         long partial_stride, long hn) {
+#define ATTEND_CHUNK_OF(HN)                                                                       \
+    attend_chunk(q, keys, values, n, next_keys, next_values, head_dim, scale, scores, length,   \
+                 partial, partial_stride, HN)
+    if (hn == 4) ATTEND_CHUNK_OF(4);
+    else if (hn == 3) ATTEND_CHUNK_OF(3);
+    else if (hn == 2) ATTEND_CHUNK_OF(2);
+    else ATTEND_CHUNK_OF(1);
+#undef ATTEND_CHUNK_OF
+}
+
+/* Where job `job` of attend_one starts in a layer's key (or value) cache. */
+static inline long chunk_start(long job, long chunks, long kv_heads, long max_tokens,
+                               long head_dim, long cache_stride) {
+    long chunk = job % chunks, kv = job / chunks % kv_heads, row = job / chunks / kv_heads;
+    return row * cache_stride + (kv * max_tokens + chunk * ATTEND_CHUNK) * head_dim;
 }
 
 /* One query token of each of `rows` sequences (in qkv, laid out as above) against its `length`
@@ -203,20 +212,23 @@ void attend_one(const float *qkv, const float *k_cache, const float *v_cache, fl
     /* two threads pay off above about 400 (query head, token) pairs on the CPUs tried */
     #pragma omp parallel num_threads(threads) if (rows * heads * length >= 512)
     {
+        long jobs = rows * kv_heads * chunks;
         #pragma omp for schedule(static)
-        for (long job = 0; job < rows * kv_heads * chunks; job++) {
+        for (long job = 0; job < jobs; job++) {
             long chunk = job % chunks, kv = job / chunks % kv_heads, row = job / chunks / kv_heads;
             long t0 = chunk * ATTEND_CHUNK;
             long n = length - t0 < ATTEND_CHUNK ? length - t0 : ATTEND_CHUNK;
-            long at = row * cache_stride + (kv * max_tokens + t0) * head_dim;
+            long at = chunk_start(job, chunks, kv_heads, max_tokens, head_dim, cache_stride);
+            long next = chunk_start(job + 1 < jobs ? job + 1 : job, chunks, kv_heads, max_tokens,
+                                    head_dim, cache_stride);
             for (long h0 = 0; h0 < group; h0 += HEADS_AT_ONCE) {
                 long head = row * heads + kv * group + h0; /* the first of this pass's heads */
                 const float *q = qkv + row * width + (kv * group + h0) * head_dim;
                 float *scores = scratch + head * length + t0;
                 float *partial = partials + (head * chunks + chunk) * stride;
                 long hn = group - h0 < HEADS_AT_ONCE ? group - h0 : HEADS_AT_ONCE;
-                attend_heads(q, k_cache + at, v_cache + at, n, length - t0, head_dim, scale,
-                             scores, length, partial, chunks * stride, hn);
+                attend_heads(q, k_cache + at, v_cache + at, n, k_cache + next, v_cache + next,
+                             head_dim, scale, scores, length, partial, chunks * stride, hn);
             }
         }
         /* merge: out = sum_c e^(top_c - top) sums_c / sum_c e^(top_c - top) total_c */
