@@ -7,7 +7,8 @@ so that a one-token step, for one sequence or a batch that shares one KVCache, r
 one call into memwall's C library (cpu/decode_step.h), on buffers allocated once per batch size:
 per layer a fused residual-add and RMSNorm, the matmuls on the paths `paths.choose` picked for
 that many rows, rotary embedding and the cache write in one op, attention of one query per
-sequence, SiLU times up. A matmul whose chosen path is PyTorch's is called back in Python.
+sequence (each chunk of cached keys and values read once for the query heads that share it),
+SiLU times up. A matmul whose chosen path is PyTorch's is called back in Python.
 Everything else (prefill, paged caches, bf16) goes to the readable model, which stays the
 reference: tests check that both give the same tokens and logits.
 """
