@@ -195,15 +195,11 @@ def random_init(spec, dtype=None, device: str | None = None, seed: int = 0):
             model = model_class(config)
     finally:
         torch.set_default_dtype(previous)
-    if (
-        spec.qkv_bias
-    ):  # transformers starts biases at zero, which would hide an engine that drops them
+    if spec.qkv_bias:
+        # transformers starts biases at zero, which would hide an engine that drops them
         with torch.no_grad():
             for layer in model.model.layers:
-                for proj in (
-                    layer.self_attn.q_proj,
-                    layer.self_attn.k_proj,
-                    layer.self_attn.v_proj,
-                ):
+                attn = layer.self_attn
+                for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
                     proj.bias.normal_(std=config.initializer_range)
     return model.eval()
