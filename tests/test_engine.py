@@ -258,25 +258,19 @@ def assert_fast_steps_match(fast, model, seed: int, steps: int = 3):
     return tokens, fast_cache
 
 
-def tiny_qwen_style():
-    """A tiny random transformers model with biases on q, k and v (Qwen2's attention)."""
+def tiny_random_hf(seed=9, **changes):
+    """A tiny random transformers model; `changes` override fields of its ModelSpec."""
     from memwall import models
     from memwall.specs import ModelSpec
 
-    spec = ModelSpec(
-        name="tiny-qkv-bias",
-        n_layers=2,
-        d_model=64,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=16,
-        d_ff=160,
-        vocab_size=256,
-        tied_embeddings=True,
-        max_context=256,
-        qkv_bias=True,
-    )
-    return models.random_init(spec, dtype=torch.float32, seed=9)
+    shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=160)
+    shape |= dict(vocab_size=256, tied_embeddings=True, max_context=256) | changes
+    return models.random_init(ModelSpec(name="tiny", **shape), dtype=torch.float32, seed=seed)
+
+
+def tiny_qwen_style():
+    """Biases on q, k and v (Qwen2's attention)."""
+    return tiny_random_hf(qkv_bias=True)
 
 
 def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
@@ -293,6 +287,25 @@ def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
         assert (model(tokens) - hf(tokens).logits).abs().max() < TOLERANCE
     fast = fast_or_skip(model)
     assert_fast_steps_match(fast, model, seed=3)
+
+
+def test_fast_decode_attends_across_chunks_of_a_long_cache():
+    # 530 cached tokens: the C attention cuts them into chunks of 256 and merges the chunks'
+    # softmaxes; 6 query heads on 2 key/value heads, as groups of 3 (SmolLM2's grouping).
+    from memwall.bench.batch import cache_with_context
+    from memwall.engine import Transformer
+
+    model = Transformer.from_hf(tiny_random_hf(d_model=96, n_heads=6, max_context=640))
+    fast = fast_or_skip(model)
+    ours, reference = (
+        cache_with_context(model, 2, 530, 600, torch.Generator().manual_seed(4)) for _ in range(2)
+    )
+    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        for _ in range(2):
+            got, expected = fast(tokens, ours), model(tokens, reference)
+            assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+            tokens = expected[:, -1:].argmax(-1)
 
 
 def test_from_hf_refuses_biases_the_engine_has_no_place_for():
