@@ -123,6 +123,24 @@ def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in
             )
 
 
+def attend_one(lib, qkv, keys, values, heads, length, threads):
+    """The C attention of one new token per row against `length` cached ones (decode_ops.h)."""
+    rows, _, head_dim = qkv.shape
+    kv_heads, max_tokens = keys.shape[1], keys.shape[2]
+    out = torch.empty(rows, heads, head_dim)
+    scratch = torch.empty(lib.attend_scratch_floats(rows, heads, head_dim, length))
+    ptr = torch.Tensor.data_ptr
+    lib.attend_one(
+        *map(ptr, (qkv, keys, values, out)),
+        *(heads, kv_heads, head_dim, length, max_tokens),
+        ptr(scratch),
+        threads,
+        rows,
+        keys.stride(0),
+    )
+    return out
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_decode_ops_of_every_variant_match_pytorch(variant):
     """The fast decode step's fused ops (decode_ops.h), with their vectorized exp, on odd sizes
@@ -147,39 +165,15 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         qkv = seeded(rows, heads + 2 * kv_heads, head_dim, seed=length) * 4
         caches = seeded(2, rows, kv_heads, max_tokens, head_dim, seed=length + 1)
         keys, values = caches.unbind(0)
-        out = torch.empty(rows, heads, head_dim)
-        scratch = torch.empty(lib.attend_scratch_floats(rows, heads, head_dim, length))
-        lib.attend_one(
-            *map(ptr, (qkv, keys, values, out)),
-            heads,
-            kv_heads,
-            head_dim,
-            length,
-            max_tokens,
-            ptr(scratch),
-            2,
-            rows,
-            keys.stride(0),
-        )
+
+        out = attend_one(lib, qkv, keys, values, heads, length, threads=2)
         q = qkv[:, :heads, None]  # [rows, heads, 1, head_dim]
         k = keys[:, :, :length].repeat_interleave(heads // kv_heads, 1)
         v = values[:, :, :length].repeat_interleave(heads // kv_heads, 1)
         reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
         assert close(out.double(), reference[:, :, 0])
         # the last row alone, on one thread, gets the same bits as in the batch on two
-        alone = torch.empty(1, heads, head_dim)
-        lib.attend_one(
-            *map(ptr, (qkv[-1:], keys[-1:], values[-1:], alone)),
-            heads,
-            kv_heads,
-            head_dim,
-            length,
-            max_tokens,
-            ptr(scratch),
-            1,
-            1,
-            keys.stride(0),
-        )
+        alone = attend_one(lib, qkv[-1:], keys[-1:], values[-1:], heads, length, threads=1)
         assert torch.equal(alone[0], out[-1])
 
 
