@@ -16,11 +16,10 @@ the weight format:
 
     .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new --format int8
 
-Prints the median step of each build at B = 1, 4, 8 and 16 (or --batch; context 40 or
---context) and their ratio. Every
-matmul is pinned to memwall's C kernels (MEMWALL_KERNEL_PATH): the builds are what is compared,
-and a swapped-in library shares its calibration key with MEMWALL_CPU_KERNELS=0, whose choices
-are PyTorch's paths."""
+Prints the median step of each build and their ratio at B = 1, 4, 8 and 16 (or --batch), with
+40 cached tokens (or --context). Every matmul is pinned to memwall's C kernels
+(MEMWALL_KERNEL_PATH): the builds are what is compared, and a swapped-in library shares its
+calibration key with MEMWALL_CPU_KERNELS=0, whose choices are PyTorch's paths."""
 
 import argparse
 import ctypes

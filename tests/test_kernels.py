@@ -165,7 +165,6 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         qkv = seeded(rows, heads + 2 * kv_heads, head_dim, seed=length) * 4
         caches = seeded(2, rows, kv_heads, max_tokens, head_dim, seed=length + 1)
         keys, values = caches.unbind(0)
-
         out = attend_one(lib, qkv, keys, values, heads, length, threads=2)
         q = qkv[:, :heads, None]  # [rows, heads, 1, head_dim]
         k = keys[:, :, :length].repeat_interleave(heads // kv_heads, 1)
