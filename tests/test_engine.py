@@ -407,3 +407,14 @@ def test_bench_decode_times_the_fast_path_beside_the_readable_one(tiny_hf):
     assert both["memwall-fast"]["weight_bytes"] == both["memwall"]["weight_bytes"]
     with pytest.raises(ValueError, match="off, on, both"):
         bench_decode(tiny_hf, "memwall", fast="yes", **kwargs)
+
+
+def test_the_fast_path_says_why_it_falls_back(tiny_engine):
+    # Chapters 3 and 4 print this reason instead of comparing two runs of the same code.
+    from memwall.engine import cpu_kernels
+
+    fast = fast_or_skip(tiny_engine)
+    assert fast.fallback_reason(tiny_engine.new_cache(max_tokens=8)) is None
+    assert "fp32" in fast.fallback_reason(tiny_engine.new_cache(max_tokens=8, dtype=torch.bfloat16))
+    with cpu_kernels.switched_off():
+        assert "switched off" in fast.fallback_reason(tiny_engine.new_cache(max_tokens=8))

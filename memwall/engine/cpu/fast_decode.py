@@ -125,6 +125,19 @@ class FastDecoder(nn.Module):
         except AttributeError:
             return getattr(self.model, name)
 
+    def fallback_reason(self, cache) -> str | None:
+        """Why one-token steps on `cache` go to the readable model; None when they run in C."""
+        if not cpu_kernels.available():
+            return cpu_kernels.unavailable_reason() or "memwall's CPU kernels are switched off"
+        if not (
+            type(cache) is KVCache
+            and cache.keys.dtype == torch.float32
+            and cache.keys.device.type == "cpu"
+            and self.model.embed.weight.dtype == torch.float32
+        ):
+            return "the fast path takes fp32 models with a plain KV cache in CPU memory"
+        return None
+
     def handles(self, tokens, cache, positions, mask) -> bool:
         return (
             tokens.dim() == 2
@@ -132,13 +145,8 @@ class FastDecoder(nn.Module):
             and 1 <= tokens.shape[0] <= MAX_ROWS
             and positions is None
             and mask is None
-            and type(cache) is KVCache
-            and cache.keys.dtype == torch.float32
-            and cache.keys.device.type == "cpu"
+            and self.fallback_reason(cache) is None
             and cache.keys.shape[1] == tokens.shape[0]
-            and self.model.embed.weight.dtype == torch.float32
-            and not cpu_kernels._switched_off
-            and cpu_kernels.library() is not None
         )
 
     def forward(self, tokens, cache=None, *, positions=None, mask=None, last_only=False):
