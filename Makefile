@@ -18,7 +18,7 @@ JOBS   ?= 2
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: install browser sandbox lint book test test-fast notebooks exercises grade bench lock rename-repo clean
+.PHONY: install browser sandbox lint book test test-paths test-fast notebooks exercises grade bench lock rename-repo clean
 
 install: $(STAMP)
 
@@ -79,8 +79,29 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser sandbox lint
+test: $(STAMP) browser sandbox lint test-paths
 	$(BIN)/python -m pytest -q -ra --durations=15
+
+# The engine's tests (not the slow ones) once per kernel setting: each path pinned (every path
+# of every format appears in one of the pin lists), paths measured, the C kernels switched off,
+# and each C variant pinned (one this CPU cannot run leaves the kernels off, and their tests
+# skip). The full run above uses the fixed rule. About 4 minutes on 2 cores.
+ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py speculative.py \
+    kv_heads.py kv_quant.py paged_cache.py gguf_q4.py)
+KERNEL_SETTINGS := \
+    MEMWALL_KERNEL_PATH=fp32:c,bf16:bmm,fp16:bmm,int8:c,int4:c \
+    MEMWALL_KERNEL_PATH=fp32:bmm,bf16:linear,fp16:linear,int8:c_many,int4:c_many \
+    MEMWALL_KERNEL_PATH=fp32:linear,int8:torch,int4:torch \
+    MEMWALL_KERNEL_PATH=int8:dequant,int4:dequant \
+    MEMWALL_KERNEL_PATH=auto \
+    MEMWALL_CPU_KERNELS=0 \
+    MEMWALL_CPU_VARIANT=avx2 \
+    MEMWALL_CPU_VARIANT=portable
+test-paths: $(STAMP)
+	@set -e; for setting in $(KERNEL_SETTINGS); do \
+	    echo "== $$setting"; \
+	    env $$setting $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(ENGINE_TESTS); \
+	done
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -158,11 +158,15 @@ def test_memwall_cpu_kernels_fail_softly(monkeypatch, tmp_path):
         monkeypatch.delenv("MEMWALL_CPU_KERNELS", raising=False)
         monkeypatch.setenv("MEMWALL_CACHE", str(tmp_path))  # nothing built yet: it must compile
         monkeypatch.setenv("CC", "false")
+        # PyTorch's packed kernel (bf16 activations) is what the fixed rule falls back to; a
+        # pinned path (dequant: fp32 activations) would give other bits.
+        monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fixed")
         cpu_kernels.library.cache_clear()
         if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
             assert not cpu_kernels.available() and "failed" in cpu_kernels.unavailable_reason()
-        layer = Int8Linear.from_weight(torch.randn(32, 64))
-        x = torch.randn(1, 64)
+        generator = torch.Generator().manual_seed(0)
+        layer = Int8Linear.from_weight(torch.randn(32, 64, generator=generator))
+        x = torch.randn(1, 64, generator=generator)
         assert torch.allclose(
             layer(x), layer.reference_forward(x.bfloat16().float()), rtol=1e-2, atol=1e-2
         )
