@@ -61,70 +61,50 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * y_stride, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
-/* 1 to 4 activation rows (decode, small batches): `ko` (2 or 4) output rows x `nr` activation
- * rows, in one pass over the weight rows, with a steady trickle of prefetches: each iteration
- * asks for the `ko` cache lines two tiles ahead, the rate at which the tile consumes them. Sums are
- * reduced with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made
- * it. 2 output rows when the rows of x fit in L1 beside the weights (32 KiB of them), else 4, so
- * that each x vector loaded serves four weight rows.
- * Measured on a 2-core Zen 5 VM, the whole fast decode step against the 4x4 tile, step by step in
- * one process: 13.8 against 14.9 ms at 4 rows; 0.93x the time at 1 row, where 2 output rows also
- * beat 4 (0.95x). At 8 and 16 rows the same kind of tile (2 x 12, or 4 x 6 for a wide x) was
- * faster on the weights alone in one phase of the VM's memory bandwidth, but made the whole step
- * 1.2-1.3x slower in another, so those batches keep the 4x4 tile. */
+/* 1 to 4 activation rows (decode, small batches): one weight row at a time against the `nr`
+ * rows of x, so that the weights are read as one sequential stream, with a steady trickle of
+ * prefetches (each iteration asks for the cache line two weight rows ahead). The sums are reduced
+ * with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made it.
+ * Measured on a 2-core Zen 5 VM, the whole fast decode step, step by step in one process, both
+ * orders: 4 weight rows at a time beat the 4x4 tile (13.8 against 14.9 ms at 4 rows), 2 beat 4
+ * (0.93x at 1 row), and 1 beats 2 (0.92-0.95x at 1, 2 and 4 rows). Against the 4x4 tile, one
+ * weight row at a time was 0.97x at 6 rows but 1.15-1.18x at 8 (and 2 x 12 or 4 x 6 tiles were no
+ * better), so 5 rows and more keep the 4x4 tile. */
 #define STREAM_MAX_ROWS 4
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
-                                                                   const int ko, const int nr) {
-    __m512 acc[4][STREAM_MAX_ROWS];
-    for (int k = 0; k < ko; k++)
-        for (int j = 0; j < nr; j++) acc[k][j] = _mm512_setzero_ps();
-    const float *ahead = w + 2 * ko * in;
+                                                                   const int nr) {
+    __m512 acc[STREAM_MAX_ROWS];
+    for (int j = 0; j < nr; j++) acc[j] = _mm512_setzero_ps();
+    const float *ahead = w + 2 * in;
     long i = 0;
     for (; i + 16 <= in; i += 16) {
-        for (int k = 0; k < ko; k++) _mm_prefetch((const char *)(ahead + ko * i + 16 * k), _MM_HINT_T0);
-        __m512 wv[4];
-        for (int k = 0; k < ko; k++) wv[k] = _mm512_loadu_ps(w + k * in + i);
-        for (int j = 0; j < nr; j++) {
-            __m512 xv = _mm512_loadu_ps(x + j * in + i);
-            for (int k = 0; k < ko; k++) acc[k][j] = _mm512_fmadd_ps(wv[k], xv, acc[k][j]);
-        }
+        _mm_prefetch((const char *)(ahead + i), _MM_HINT_T0);
+        __m512 wv = _mm512_loadu_ps(w + i);
+        for (int j = 0; j < nr; j++)
+            acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * in + i), acc[j]);
     }
     if (i < in) {
         __mmask16 tail = (__mmask16)((1u << (in - i)) - 1);
-        __m512 wv[4];
-        for (int k = 0; k < ko; k++) wv[k] = _mm512_maskz_loadu_ps(tail, w + k * in + i);
-        for (int j = 0; j < nr; j++) {
-            __m512 xv = _mm512_maskz_loadu_ps(tail, x + j * in + i);
-            for (int k = 0; k < ko; k++) acc[k][j] = _mm512_fmadd_ps(wv[k], xv, acc[k][j]);
-        }
+        __m512 wv = _mm512_maskz_loadu_ps(tail, w + i);
+        for (int j = 0; j < nr; j++)
+            acc[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + j * in + i), acc[j]);
     }
     const __m512 zero = _mm512_setzero_ps();
-    for (int k = 0; k < ko; k++) {
-        float sums[4];
-        _mm_storeu_ps(sums, sum4(acc[k][0], nr > 1 ? acc[k][1] : zero, nr > 2 ? acc[k][2] : zero,
-                                 nr > 3 ? acc[k][3] : zero));
-        for (int j = 0; j < nr; j++) y[j * y_stride + k] = sums[j];
-    }
-}
-
-/* The stream tile with the row count as a constant, so that its loops unroll. */
-static inline __attribute__((always_inline)) void fp32_stream_rows(const float *x, const float *w,
-                                                                   float *y, long rows, long in,
-                                                                   long y_stride, const int ko) {
-    if (rows == 1) fp32_stream_tile(x, w, y, in, y_stride, ko, 1);
-    if (rows == 2) fp32_stream_tile(x, w, y, in, y_stride, ko, 2);
-    if (rows == 3) fp32_stream_tile(x, w, y, in, y_stride, ko, 3);
-    if (rows == 4) fp32_stream_tile(x, w, y, in, y_stride, ko, 4);
+    float sums[4];
+    _mm_storeu_ps(sums, sum4(acc[0], nr > 1 ? acc[1] : zero, nr > 2 ? acc[2] : zero,
+                             nr > 3 ? acc[3] : zero));
+    for (int j = 0; j < nr; j++) y[j * y_stride] = sums[j];
 }
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
     if (rows <= STREAM_MAX_ROWS) {
-        const int ko = rows * in > X_IN_L1_FLOATS ? 4 : 2;
-        for (long o = 0; o < n_out; o += ko) {
-            if (ko == 4) fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 4);
-            else fp32_stream_rows(x, w + o * in, y + o, rows, in, y_stride, 2);
+        for (long o = 0; o < n_out; o++) { /* the row count as a constant, so the loops unroll */
+            if (rows == 1) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 1);
+            if (rows == 2) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 2);
+            if (rows == 3) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 3);
+            if (rows == 4) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 4);
         }
         return;
     }
