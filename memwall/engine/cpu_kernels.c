@@ -63,40 +63,36 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
         _mm_storeu_ps(y + j * out, sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
-/* 2 output rows x `nr` (1 to 4) activation rows in one pass, with a steady trickle of prefetches
- * two tiles ahead, for small decode batches: kernels_avx512.c's fp32_stream_tile in 8 lanes (16
- * registers hold 8 sums, 2 weight vectors and x). `sum4` reduces each row's vector in the order
- * fp32_tile does, so a row gets the same bits whichever tile made it. The whole fast decode step
- * at 4 rows, against the 4x3 tile, step by step in one process: 0.93x and 0.97x the time in two
- * runs, and 0.92x at 1 row (this variant on a Zen 5 CPU; not yet timed on an AVX2-only one). */
+/* One weight row at a time against `nr` (1 to 4) activation rows, for small decode batches: the
+ * weights are read as one sequential stream, with a prefetch per cache line two rows ahead, as in
+ * kernels_avx512.c's fp32_stream_tile. `sum4` reduces each row's vector in the order fp32_tile
+ * does, so a row gets the same bits whichever tile made it. The whole fast decode step against
+ * the 2-row tile before it, step by step in one process, both orders (this variant on a 2-core
+ * Zen 5; not yet timed on an AVX2-only CPU): 0.92-0.95x the time at 1 row, 0.95-0.98x at 2 and
+ * 4 in four of five runs (1.02x at 4 rows in one); that 2-row tile had been 0.92x of the 4x3
+ * tile at 1 row. */
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
                                                                    const int nr) {
-    __m256 acc[2][4];
-    for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 4; j++) acc[k][j] = _mm256_setzero_ps();
-    const float *ahead = w + 4 * in;
+    __m256 acc[4];
+    for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+    const float *ahead = w + 2 * in;
     for (long i = 0; i < in; i += 8) {
-        _mm_prefetch((const char *)(ahead + 2 * i), _MM_HINT_T0);
-        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + in + i);
-        for (int j = 0; j < nr; j++) {
-            __m256 xv = _mm256_loadu_ps(x + j * in + i);
-            acc[0][j] = _mm256_fmadd_ps(w0, xv, acc[0][j]);
-            acc[1][j] = _mm256_fmadd_ps(w1, xv, acc[1][j]);
-        }
+        if (i % 16 == 0) _mm_prefetch((const char *)(ahead + i), _MM_HINT_T0);
+        __m256 wv = _mm256_loadu_ps(w + i);
+        for (int j = 0; j < nr; j++)
+            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * in + i), acc[j]);
     }
-    for (int k = 0; k < 2; k++) {
-        float sums[4];
-        _mm_storeu_ps(sums, sum4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]));
-        for (int j = 0; j < nr; j++) y[j * y_stride + k] = sums[j];
-    }
+    float sums[4];
+    _mm_storeu_ps(sums, sum4(acc[0], acc[1], acc[2], acc[3]));
+    for (int j = 0; j < nr; j++) y[j * y_stride] = sums[j];
 }
 
 /* W fp32 [n_out, in]; `n_out` a multiple of 4 and `in` of 8. */
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out) {
     if (rows <= 4 && rows * in <= X_IN_L1_FLOATS) {
-        for (long o = 0; o < n_out; o += 2) {
+        for (long o = 0; o < n_out; o++) {
             if (rows == 1) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 1);
             if (rows == 2) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 2);
             if (rows == 3) fp32_stream_tile(x, w + o * in, y + o, in, y_stride, 3);
