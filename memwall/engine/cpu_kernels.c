@@ -68,9 +68,9 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
  * kernels_avx512.c's fp32_stream_tile. `sum4` reduces each row's vector in the order fp32_tile
  * does, so a row gets the same bits whichever tile made it. The whole fast decode step against
  * the 2-row tile before it, step by step in one process, both orders (this variant on a 2-core
- * Zen 5; not yet timed on an AVX2-only CPU): 0.92-0.95x the time at 1 row, 0.95-0.98x at 2 and
- * 4 in four of five runs (1.02x at 4 rows in one); that 2-row tile had been 0.92x of the 4x3
- * tile at 1 row. */
+ * Zen 5; not yet timed on an AVX2-only CPU), four runs: 0.86-0.95x the time at 1 row, 0.93-0.98x
+ * at 2, and 0.93-0.97x at 4 in three runs (1.02x in the fourth). That 2-row tile had been 0.92x of
+ * the 4x3 tile at 1 row. */
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
                                                                    const int nr) {
