@@ -66,10 +66,10 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
  * prefetches (each iteration asks for the cache line two weight rows ahead). The sums are reduced
  * with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made it.
  * Measured on a 2-core Zen 5 VM, the whole fast decode step, step by step in one process, both
- * orders: 4 weight rows at a time beat the 4x4 tile (13.8 against 14.9 ms at 4 rows), 2 beat 4
- * (0.93x at 1 row), and 1 beats 2 (0.91-0.96x at 1, 2 and 4 rows). Against the 4x4 tile, one
- * weight row at a time was 0.97x at 6 rows but 1.15-1.18x at 8 (and 2 x 12 or 4 x 6 tiles were no
- * better), so 5 rows and more keep the 4x4 tile. */
+ * orders: one pass over 4 weight rows beat the 4x4 tile's passes (13.8 against 14.9 ms at 4
+ * rows), 2 rows beat 4 (0.93x at 1 row), and 1 beats 2 (0.91-0.96x at 1, 2 and 4 rows). Against
+ * the 4x4 tile, one weight row at a time was 0.97x at 6 rows but 1.15-1.18x at 8 (and 2 x 12 or
+ * 4 x 6 tiles were no better), so 5 rows and more keep the 4x4 tile. */
 #define STREAM_MAX_ROWS 4
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
