@@ -428,6 +428,26 @@ def test_a_choice_timed_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
         assert not paths.cache_file().exists()
 
 
+@needs_cpu_kernels
+@pytest.mark.parametrize("rows", [1, 5])
+def test_calibration_runs_c_paths_from_c_and_others_through_python(monkeypatch, rows):
+    """The fast decode step runs memwall's kernels from its loop in C and calls back into Python
+    for PyTorch's paths; calibration times each path the same way, on the same results."""
+    from memwall.engine.cpu import paths
+
+    x = seeded(rows, 64, seed=3)
+    for layer in layers_of_every_format().values():
+        expected = {path: layer.run(path, x) for path in layer.paths_for(x)}
+        through_python = []
+        monkeypatch.setattr(layer, "run", lambda path, x, seen=through_python: seen.append(path))
+        for path in expected:
+            result = paths._calls([layer], path, x)()
+            if path in paths.C_PATHS:
+                assert torch.equal(result[0], expected[path]), (layer, path)
+        assert set(through_python) == set(expected) - set(paths.C_PATHS), layer
+        monkeypatch.undo()
+
+
 class TimedPaths(torch.nn.Module):
     """A layer whose paths take the given times (seconds), for the calibration's rules."""
 

@@ -32,40 +32,46 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def matmul_spec(layer, path: str, matmul_id: int = 0) -> MatmulSpec:
+    """How decode_step.h runs `layer` on `path`: a C kernel on the layer's own tensors, or, for a
+    path of PyTorch's, a call back into Python (MatmulSpec.ELSEWHERE) under `matmul_id`."""
+    spec = MatmulSpec(
+        kind=MatmulSpec.ELSEWHERE,
+        id=matmul_id,
+        in_features=layer.in_features,
+        out_features=layer.out_features,
+    )
+    many = path == "c_many"
+    if path == "c" and isinstance(layer, Linear):
+        spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
+    elif path in ("c", "c_many") and isinstance(layer, Int8Linear):
+        spec.kind = MatmulSpec.INT8_MANY if many else MatmulSpec.INT8
+        spec.weight, spec.scales = _ptr(layer.codes), _ptr(layer.scales)
+    elif path in ("c", "c_many") and isinstance(layer, Int4Linear):
+        if layer.kernel_layout:
+            spec.kind = MatmulSpec.INT4_BLOCKED_MANY if many else MatmulSpec.INT4_BLOCKED
+            spec.block = layer.block
+        else:
+            spec.kind = MatmulSpec.INT4_MANY if many else MatmulSpec.INT4
+        spec.weight, spec.scales, spec.group = (
+            _ptr(layer.packed),
+            _ptr(layer.scale_zero),
+            layer.group_size,
+        )
+    bias = getattr(layer, "bias", None)
+    if bias is not None and spec.kind != MatmulSpec.ELSEWHERE:
+        spec.bias = _ptr(bias)
+    return spec
+
+
 class _Matmul:
     """y = layer(x) for fp32 rows, bound once to buffers: `spec` says how (decode_step.h), on a C
     kernel or, for the path `paths.choose` picked elsewhere, the layer's own path in Python."""
 
     def __init__(self, layer, x: torch.Tensor, y: torch.Tensor, matmul_id: int):
-        path = kernel_paths.choose(layer, x)
-        self.layer, self.path, self.x, self.y = layer, path, x, y
-        many = path == "c_many"
-        spec = MatmulSpec(
-            kind=MatmulSpec.ELSEWHERE,
-            id=matmul_id,
-            in_features=layer.in_features,
-            out_features=layer.out_features,
-        )
-        if path == "c" and isinstance(layer, Linear):
-            spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
-        elif path in ("c", "c_many") and isinstance(layer, Int8Linear):
-            spec.kind = MatmulSpec.INT8_MANY if many else MatmulSpec.INT8
-            spec.weight, spec.scales = _ptr(layer.codes), _ptr(layer.scales)
-        elif path in ("c", "c_many") and isinstance(layer, Int4Linear):
-            if layer.kernel_layout:
-                spec.kind = MatmulSpec.INT4_BLOCKED_MANY if many else MatmulSpec.INT4_BLOCKED
-                spec.block = layer.block
-            else:
-                spec.kind = MatmulSpec.INT4_MANY if many else MatmulSpec.INT4
-            spec.weight, spec.scales, spec.group = (
-                _ptr(layer.packed),
-                _ptr(layer.scale_zero),
-                layer.group_size,
-            )
-        bias = getattr(layer, "bias", None)
-        if bias is not None and spec.kind != MatmulSpec.ELSEWHERE:
-            spec.bias = _ptr(bias)
-        self.spec = spec
+        self.layer, self.x, self.y = layer, x, y
+        self.path = kernel_paths.choose(layer, x)
+        self.spec = matmul_spec(layer, self.path, matmul_id)
 
     def run_elsewhere(self) -> None:
         self.y.copy_(self.layer.run(self.path, self.x[None])[0])

@@ -4,7 +4,8 @@ A linear layer can multiply in several ways, and which is fastest depends on the
 of activation rows and the weight format (one 2-core EPYC with AVX2 and a Zen 5 with AVX-512
 disagreed on every one of these). So the first time a layer of a given format and shape meets a
 given bucket of rows, the candidates are timed on its real weights, read from memory as decode
-reads them (about a second for the whole model, with a message on stderr), and the fastest is
+reads them and called as the fast decode step calls them (memwall's C kernels from C, PyTorch's
+paths through Python), about a second for the whole model, with a message on stderr; the fastest is
 kept, on disk, under a key for this machine: CPU model, ISA flags, threads, torch version and the
 kernels' source hash. A choice timed while other work kept the cores busy is used by this process
 but not kept: on two shared cores, one stalled thread can make the best path look like the worst.
@@ -44,8 +45,9 @@ PATHS = {
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
-METHOD = 2  # how _measure times paths; a new way of timing must not reuse the old choices
+METHOD = 3  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.9  # another path replaces the fixed rule's only when it takes under 0.9 of its time
+C_PATHS = ("c", "c_many")  # memwall's C kernels: the fast decode step runs them without Python
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
 _memo: dict[tuple, str] = {}
@@ -148,11 +150,11 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     with torch.inference_mode():
         for path in candidates:
             layer.run(path, sample)  # warm-up: lazy packing, first-call costs
+        runs = {path: _calls(copies, path, sample) for path in candidates}
         for _ in range(5):
             for path in candidates:
                 start = time.perf_counter()
-                for each in copies:
-                    each.run(path, sample)
+                runs[path]()
                 times[path].append(time.perf_counter() - start)
     # The fastest of each path's samples: on a shared machine, other work only ever adds time.
     best = {path: min(samples) for path, samples in times.items()}
@@ -164,6 +166,34 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     if usual in best and best[fastest] > CLEAR_WIN * best[usual]:
         return usual
     return fastest
+
+
+def _calls(layers, path: str, sample: torch.Tensor):
+    """A function that runs `path` on `sample` through each of `layers`, as the fast decode step
+    would: a C path by one call into the library each, with no Python between them (the step
+    runs them from its loop in C), any other path through the layer's `run` in Python (the step
+    calls back into Python for it). Timed through `run`, a C path would carry Python's per-call
+    cost, about what a small layer's kernel takes, and lose to paths that the step runs slower."""
+    lib = cpu_kernels.library() if path in C_PATHS and hasattr(layers[0], "in_features") else None
+    if lib is not None:
+        from memwall.engine.cpu.build import MatmulElsewhere
+        from memwall.engine.cpu.fast_decode import matmul_spec
+
+        specs = [matmul_spec(each, path) for each in layers]
+        if all(spec.kind != spec.ELSEWHERE for spec in specs):
+            rows, threads = sample.shape[0], torch.get_num_threads()
+            y = torch.empty(rows, layers[0].out_features)
+            x_at, y_at = sample.data_ptr(), y.data_ptr()
+            never = MatmulElsewhere(lambda matmul_id: None)  # C paths do not call back
+
+            def run_in_c():
+                for spec in specs:
+                    if lib.run_matmul(spec, x_at, y_at, rows, threads, never):
+                        raise MemoryError("a C kernel could not allocate its scratch buffers")
+                return y, never  # kept alive with the call
+
+            return run_in_c
+    return lambda: [each.run(path, sample) for each in layers]
 
 
 def _copy_of(layer):
