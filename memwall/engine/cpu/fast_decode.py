@@ -44,10 +44,10 @@ def matmul_spec(layer, path: str, matmul_id: int = 0) -> MatmulSpec:
     many = path == "c_many"
     if path == "c" and isinstance(layer, Linear):
         spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
-    elif path in ("c", "c_many") and isinstance(layer, Int8Linear):
+    elif path in kernel_paths.C_PATHS and isinstance(layer, Int8Linear):
         spec.kind = MatmulSpec.INT8_MANY if many else MatmulSpec.INT8
         spec.weight, spec.scales = _ptr(layer.codes), _ptr(layer.scales)
-    elif path in ("c", "c_many") and isinstance(layer, Int4Linear):
+    elif path in kernel_paths.C_PATHS and isinstance(layer, Int4Linear):
         if layer.kernel_layout:
             spec.kind = MatmulSpec.INT4_BLOCKED_MANY if many else MatmulSpec.INT4_BLOCKED
             spec.block = layer.block
