@@ -94,6 +94,7 @@ KERNEL_SETTINGS := \
     MEMWALL_KERNEL_PATH=fp32:bmm,bf16:linear,fp16:linear,int8:c_many,int4:c_many \
     MEMWALL_KERNEL_PATH=fp32:linear,int8:torch,int4:torch \
     MEMWALL_KERNEL_PATH=fp32:c,bf16:bmm,fp16:bmm,int8:dequant,int4:dequant \
+    MEMWALL_KERNEL_PATH=fp32:bmm,bf16:bmm,fp16:bmm,int8:c_row,int4:c \
     MEMWALL_KERNEL_PATH=auto \
     MEMWALL_CPU_KERNELS=0 \
     MEMWALL_CPU_VARIANT=avx2 \

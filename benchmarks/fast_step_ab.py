@@ -16,6 +16,10 @@ the weight format:
 
     .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new --format int8
 
+or compare two kernel paths of one build (the installed one unless folders are named):
+
+    .venv/bin/python benchmarks/fast_step_ab.py --format int8 --pins int8:c int8:c_row
+
 Prints the median step of each build and their ratio at B = 1, 4, 8 and 16 (or --batch), with
 40 cached tokens (or --context). Every matmul is pinned to memwall's C kernels
 (MEMWALL_KERNEL_PATH): the builds are what is compared, and a swapped-in library shares its
@@ -36,14 +40,18 @@ from memwall.engine.cpu import build, fast_decode
 from memwall.engine.quant import quantize
 
 parser = argparse.ArgumentParser()
-parser.add_argument("folders", nargs="*", default=["/tmp/base", "/tmp/new"])
+parser.add_argument("folders", nargs="*")
 parser.add_argument("--format", choices=("fp32", "int8", "int4"), default="fp32")
 parser.add_argument("--context", type=int, default=40, help="cached tokens per sequence")
 parser.add_argument("--batch", default="1,4,8,16")
+parser.add_argument("--pins", nargs=2, metavar=("BASE", "NEW"), help="MEMWALL_KERNEL_PATH pins")
 args = parser.parse_args()
-os.environ["MEMWALL_KERNEL_PATH"] = "fp32:c,int8:c,int4:c"
-folders = dict(zip(("base", "new"), args.folders))
-libs = {d: build.declare(ctypes.CDLL(f"{folder}/k.so")) for d, folder in folders.items()}
+pins = dict(zip(("base", "new"), args.pins or ["fp32:c,int8:c,int4:c"] * 2))
+if args.pins and not args.folders:
+    libs = {d: cpu_kernels.library() for d in pins}
+else:
+    folders = dict(zip(("base", "new"), args.folders or ["/tmp/base", "/tmp/new"]))
+    libs = {d: build.declare(ctypes.CDLL(f"{folder}/k.so")) for d, folder in folders.items()}
 hf, _ = workload.load_model("smollm2-135m", "fp32", "cpu")
 model = Transformer.from_hf(hf)
 if args.format != "fp32":
@@ -54,6 +62,7 @@ Bs = [int(b) for b in args.batch.split(",")]
 state = {}
 for d, wrapper in wrappers.items():
     cpu_kernels.library = lambda d=d: libs[d]
+    os.environ["MEMWALL_KERNEL_PATH"] = pins[d]  # the paths are bound at the first step
     for b in Bs:
         g = torch.Generator().manual_seed(b)
         cache = cache_with_context(model, b, context, context + steps + 1, g)

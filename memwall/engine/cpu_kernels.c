@@ -161,6 +161,44 @@ void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, fl
     }
 }
 
+/* One row of int8 codes against `nr` (1 or 2) activation rows, for int8_row_linear: the codes as
+ * one sequential stream, each activation row with INT8_CHAINS sums taking turns over successive 8
+ * codes (see kernels_avx512.c). 2 rows keep 8 sums in registers, which AVX2 has 16 of. */
+#define INT8_CHAINS 4
+static inline __attribute__((always_inline)) void int8_row(const float *x, const int8_t *w,
+                                                           float scale, float *y, long in,
+                                                           long y_stride, const int nr) {
+    __m256 acc[2][INT8_CHAINS];
+    for (int j = 0; j < nr; j++)
+        for (int c = 0; c < INT8_CHAINS; c++) acc[j][c] = _mm256_setzero_ps();
+    for (long i = 0; i < in; i += 8 * INT8_CHAINS) { /* in % 32 == 0 */
+        if (i % 64 == 0) _mm_prefetch((const char *)(w + i + PREFETCH_AHEAD_BYTES), _MM_HINT_T0);
+        for (int c = 0; c < INT8_CHAINS; c++) {
+            __m256 wv = int8x8_to_float(w + i + 8 * c);
+            for (int j = 0; j < nr; j++)
+                acc[j][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * in + i + 8 * c), acc[j][c]);
+        }
+    }
+    for (int j = 0; j < nr; j++) {
+        __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]),
+                                   _mm256_add_ps(acc[j][2], acc[j][3]));
+        y[j * y_stride] = scale * sum8(sum);
+    }
+}
+
+/* int8_linear's arguments, one code row at a time (see int8_row). */
+void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                     long rows, long in, long out, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++) {
+        const int8_t *w = codes + o * in;
+        float scale = bf16_to_float(scales[o]);
+        long r = 0;
+        for (; r + 2 <= rows; r += 2) int8_row(x + r * in, w, scale, y + r * out + o, in, out, 2);
+        if (r < rows) int8_row(x + r * in, w, scale, y + r * out + o, in, out, 1);
+    }
+}
+
 /* W ~ (q - 8) * s + z per group of `group` inputs (a multiple of 32), q in 0..15.
  * packed [out, in / 2]: byte j holds code 2j in its low nibble and code 2j + 1 in its high one
  * (quant.pack_int4). scale_zero [in / group, out, 2] bf16.

@@ -197,12 +197,16 @@ def fp32_flops(repeats: int = 3) -> float | None:
 
 
 def int8_linear(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, many=False, lib=None
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, path="c", lib=None
 ) -> torch.Tensor:
     """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out].
 
-    many=True: the chunked kernel for many rows (`out` a multiple of 4)."""
+    path: "c" (4 code rows at a time), "c_row" (one code row at a time: a single stream of codes)
+    or "c_many" (chunks of dequantized rows, for many activation rows; `out` a multiple of 4)."""
     out_features, in_features = codes.shape
+    many = path == "c_many"
+    if path not in ("c", "c_row", "c_many"):
+        raise ValueError(f"int8_linear: path must be 'c', 'c_row' or 'c_many', got {path!r}")
     if in_features % 32 or (many and out_features % 4):
         raise ValueError(
             f"int8_linear needs in % 32 == 0 (and out % 4 == 0 for many rows), got {out_features}x{in_features}"
@@ -215,7 +219,8 @@ def int8_linear(
         scales=(scales, torch.bfloat16, (out_features,)),
     )
     rows, out = _output(x, out_features)
-    kernel = (lib or library()).int8_linear_many if many else (lib or library()).int8_linear
+    lib = lib or library()
+    kernel = {"c": lib.int8_linear, "c_row": lib.int8_row_linear}.get(path, lib.int8_linear_many)
     status = kernel(
         x.data_ptr(),
         codes.data_ptr(),

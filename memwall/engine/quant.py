@@ -16,6 +16,9 @@ Four paths compute the matmul, all dequantizing on the fly except the last; whic
 takes for a given number of rows is measured once per machine (`engine/cpu/paths.py`):
 - "c": memwall's own C kernels (`cpu_kernels.c` and `engine/cpu/`), for fp32 activations on a
   CPU: they read the packed weights and turn them into floats in registers;
+- "c_row" (int8): the same, one row of codes at a time, so the codes are read as a single
+  stream; each activation is then loaded once per code row, not once per 4, which pays at one or
+  two activation rows;
 - "c_many": for many rows, the same kernels convert a chunk of weight rows to floats in cache once
   and multiply every row by it (prefill without a dequantized copy of the model);
 - "torch": PyTorch's packed kernels (`aten._weight_int8pack_mm`,
@@ -191,9 +194,9 @@ class Int8Linear(nn.Module):
         return self.run(kernel_paths.choose(self, x), x)
 
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
-        """One path (kernel_paths): "c", "c_many", "torch" or "dequant" (the reference)."""
-        if path in ("c", "c_many"):
-            y = cpu_kernels.int8_linear(x, self.codes, self.scales, many=path == "c_many")
+        """One path (kernel_paths): "c", "c_row", "c_many", "torch" or "dequant" (the reference)."""
+        if path in ("c", "c_row", "c_many"):
+            y = cpu_kernels.int8_linear(x, self.codes, self.scales, path)
         elif path == "torch":
             y = _through_bf16(
                 x,
@@ -207,7 +210,7 @@ class Int8Linear(nn.Module):
     def paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
         if x.device.type != "cpu":
             return ("dequant",)
-        c = ("c",) if cpu_kernels.quant_fits(x, self.in_features) else ()
+        c = ("c", "c_row") if cpu_kernels.quant_fits(x, self.in_features) else ()
         many = ("c_many",) if c and self.out_features % 4 == 0 else ()
         library = ("torch",) if _int8_kernel_ok(x) else ()
         return (*c, *many, *library, "dequant")

@@ -8,6 +8,8 @@
 /* The variant defines these after including common.h. */
 void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y, long rows,
                  long in, long out, int threads);
+void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                     long rows, long in, long out, int threads);
 int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                 long rows, long in, long out, long group, int threads);
 int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
@@ -17,6 +19,7 @@ int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *s
 enum {
     MATMUL_FP32,
     MATMUL_INT8,
+    MATMUL_INT8_ROW,
     MATMUL_INT8_MANY,
     MATMUL_INT4,
     MATMUL_INT4_MANY,
@@ -49,6 +52,9 @@ int run_matmul(const struct matmul_spec *m, const float *x, float *y, long rows,
     switch (m->kind) {
     case MATMUL_FP32: fp32_linear(x, m->weight, y, rows, m->in, m->out, threads); break;
     case MATMUL_INT8: int8_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads); break;
+    case MATMUL_INT8_ROW:
+        int8_row_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads);
+        break;
     case MATMUL_INT8_MANY:
         status = int8_linear_many(x, m->weight, m->scales, y, rows, m->in, m->out, threads);
         break;

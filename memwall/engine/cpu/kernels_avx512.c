@@ -180,6 +180,56 @@ void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, fl
     }
 }
 
+/* One row of int8 codes against `nr` (1 to 4) activation rows, for int8_row_linear. The codes
+ * are read as one sequential stream, asked for PREFETCH_AHEAD_BYTES ahead, and each 16 become
+ * floats once for all nr rows. A row's sum would be one chain of dependent multiply-adds, 16
+ * codes per FMA latency, slower than memory on a 2-core Zen 5; so each activation row keeps
+ * INT8_CHAINS sums that take turns over successive 16 codes. */
+#define INT8_CHAINS 4
+static inline __attribute__((always_inline)) void int8_row(const float *x, const int8_t *w,
+                                                           float scale, float *y, long in,
+                                                           long y_stride, const int nr) {
+    __m512 acc[4][INT8_CHAINS];
+    for (int j = 0; j < nr; j++)
+        for (int c = 0; c < INT8_CHAINS; c++) acc[j][c] = _mm512_setzero_ps();
+    long i = 0;
+    for (; i + 16 * INT8_CHAINS <= in; i += 16 * INT8_CHAINS) {
+        _mm_prefetch((const char *)(w + i + PREFETCH_AHEAD_BYTES), _MM_HINT_T0);
+        for (int c = 0; c < INT8_CHAINS; c++) {
+            __m512 wv = int8x16_to_float(w + i + 16 * c);
+            for (int j = 0; j < nr; j++)
+                acc[j][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * in + i + 16 * c), acc[j][c]);
+        }
+    }
+    for (int c = 0; i < in; i += 16, c++) { /* in % 64 is 0 or 32 */
+        __m512 wv = int8x16_to_float(w + i);
+        for (int j = 0; j < nr; j++)
+            acc[j][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + j * in + i), acc[j][c]);
+    }
+    for (int j = 0; j < nr; j++) {
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]),
+                                   _mm512_add_ps(acc[j][2], acc[j][3]));
+        y[j * y_stride] = scale * _mm512_reduce_add_ps(sum);
+    }
+}
+
+/* int8_linear's arguments, one code row at a time (see int8_row): a single stream of codes, at
+ * the price of loading each activation once per code row rather than once per 4. */
+void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                     long rows, long in, long out, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++) {
+        const int8_t *w = codes + o * in;
+        float scale = bf16_to_float(scales[o]);
+        long r = 0;
+        for (; r + 4 <= rows; r += 4) int8_row(x + r * in, w, scale, y + r * out + o, in, out, 4);
+        float *yr = y + r * out + o;
+        if (rows - r == 3) int8_row(x + r * in, w, scale, yr, in, out, 3);
+        if (rows - r == 2) int8_row(x + r * in, w, scale, yr, in, out, 2);
+        if (rows - r == 1) int8_row(x + r * in, w, scale, yr, in, out, 1);
+    }
+}
+
 /* W ~ (q - 8) * s + z per group of `group` inputs (a multiple of 32); packed [out, in / 2] as
  * quant.pack_int4 writes it; scale_zero [in / group, out, 2] bf16. As in ../cpu_kernels.c, a group
  * adds s * sum(q x) + (z - 8 s) * sum(x). Two running totals (even and odd groups) so that one

@@ -50,6 +50,13 @@ void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, fl
     }
 }
 
+/* The vector variants read one code row at a time here; the loop above already does, and its
+ * sums do not depend on the other rows, so it serves both. */
+void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                     long rows, long in, long out, int threads) {
+    int8_linear(x, codes, scales, y, rows, in, out, threads);
+}
+
 /* See ../cpu_kernels.c for the layout and the per-group algebra. x_split puts, per 32 inputs, the
  * 16 even-indexed values first, so the low nibbles of 16 bytes meet 16 consecutive floats. */
 int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,

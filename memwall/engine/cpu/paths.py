@@ -13,6 +13,7 @@ but not kept: on two shared cores, one stalled thread can make the best path loo
 The candidates (a layer lists the ones that can take a given input):
   fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear)
   int8, int4:       "c" (C, a few rows at a time), "c_many" (C, chunks of dequantized weights),
+                    and for int8 "c_row" (C, one row of codes at a time),
                     "torch" (PyTorch's packed kernels, bf16 activations), "dequant" (reference)
 
 MEMWALL_KERNEL_PATH pins paths, for tests and for chapters that compare paths:
@@ -41,13 +42,17 @@ PATHS = {
     "fp32": ("c", "bmm", "linear"),
     "bf16": ("bmm", "linear"),
     "fp16": ("bmm", "linear"),
-    "int8": ("c", "c_many", "torch", "dequant"),
+    "int8": ("c", "c_row", "c_many", "torch", "dequant"),
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
 METHOD = 3  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.9  # another path replaces the fixed rule's only when it takes under 0.9 of its time
-C_PATHS = ("c", "c_many")  # memwall's C kernels: the fast decode step runs them without Python
+C_PATHS = (
+    "c",
+    "c_row",
+    "c_many",
+)  # memwall's C kernels: the fast decode step runs them without Python
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
 _memo: dict[tuple, str] = {}
