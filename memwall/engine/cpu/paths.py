@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -46,8 +47,8 @@ PATHS = {
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
-METHOD = 3  # how _measure times paths; a new way of timing must not reuse the old choices
-CLEAR_WIN = 0.9  # another path replaces the fixed rule's only when it takes under 0.9 of its time
+METHOD = 4  # how _measure times paths; a new way of timing must not reuse the old choices
+CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
 C_PATHS = (
     "c",
     "c_row",
@@ -161,14 +162,20 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
                 start = time.perf_counter()
                 runs[path]()
                 times[path].append(time.perf_counter() - start)
-    # The fastest of each path's samples: on a shared machine, other work only ever adds time.
-    best = {path: min(samples) for path, samples in times.items()}
-    fastest = min(candidates, key=best.get)
-    # The fixed rule's path unless another clearly beats it. Two paths within a few percent swap
-    # places from one calibration to the next, and the fixed path is the one the fast decode step
-    # runs without leaving C.
+    # Each path against the fixed rule's path in the same round, as a ratio of times: the rounds
+    # alternate the paths, so a change of the machine's bandwidth between rounds (this VM's jumps
+    # by 1.7x) cancels out, where the fastest of each path's samples could come from different
+    # phases. The median ratio ranks the paths.
     usual = fixed_path(layer.kernel_key()[0], rows, options)
-    if usual in best and best[fastest] > CLEAR_WIN * best[usual]:
+    base = times[usual] if usual in times else [1.0] * len(times[candidates[0]])
+    ratio = {
+        path: statistics.median(t / b for t, b in zip(samples, base))
+        for path, samples in times.items()
+    }
+    fastest = min(candidates, key=ratio.get)
+    # The fixed rule's path unless another is clearly faster: two paths within a few percent swap
+    # places from one calibration to the next.
+    if usual in ratio and ratio[fastest] > CLEAR_WIN:
         return usual
     return fastest
 
