@@ -289,6 +289,25 @@ def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
     assert_fast_steps_match(fast, model, seed=3)
 
 
+def test_fast_decode_runs_the_pinned_w8a8_path_as_the_readable_engine_does(
+    tiny_engine, monkeypatch
+):
+    from memwall.engine.quant import quantize
+
+    model = quantize(tiny_engine, "int8", inplace=False)
+    tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(4))
+    logits = {}
+    for pin in ("int8:c", "int8:w8a8"):
+        monkeypatch.setenv("MEMWALL_KERNEL_PATH", pin)
+        fast = fast_or_skip(model)
+        assert_fast_steps_match(fast, model, seed=5)
+        with torch.inference_mode():
+            logits[pin] = fast(tokens, model.new_cache(batch=2, max_tokens=4))
+    # the activations rounded to int8 move the logits, a little
+    difference = (logits["int8:w8a8"] - logits["int8:c"]).abs().max()
+    assert 0 < difference <= 0.05 * logits["int8:c"].abs().max()
+
+
 def test_fast_decode_attends_across_chunks_of_a_long_cache():
     # 530 cached tokens: the C attention cuts them into chunks of 256 and merges the chunks'
     # softmaxes; 6 query heads on 2 key/value heads, as groups of 3 (SmolLM2's grouping).

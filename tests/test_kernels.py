@@ -196,6 +196,36 @@ def test_int8_kernels_of_every_variant_match_the_reference(
         assert torch.equal(alone[0], ours[-1])
 
 
+def w8a8_reference(x, layer):
+    """The w8a8 path's arithmetic in PyTorch: each row of x rounded to int8 with its own scale
+    (its largest magnitude / 127), exact integer dot products, then the two scales."""
+    largest = x.abs().amax(-1, keepdim=True)
+    scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
+    codes = torch.round(x * (1 / scale)).clamp(-127, 127)
+    dot = codes.to(torch.int64) @ layer.codes.to(torch.int64).T
+    return layer.scales.float() * scale * dot.float()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("out_features, in_features", [(4, 32), (20, 96), (7, 64), (12, 576)])
+def test_w8a8_kernel_of_every_variant_is_exactly_its_integer_arithmetic(
+    variant, out_features, in_features
+):
+    """Integer sums are exact, so every variant (AVX-512 with VNNI where the CPU has it, the
+    compilers' vectors elsewhere) and every batch gives the reference's bits; and the rounded
+    activations keep the result within 2% of the int8 weights' exact product."""
+    lib = cpu_kernels.variant_library(variant)
+    layer = Int8Linear.from_weight(seeded(out_features, in_features))
+    for rows in ROWS:
+        x = seeded(rows, in_features, seed=rows)
+        if rows > 2:
+            x[1] = 0.0  # an all-zero row: scale 1, not a division by zero
+        ours = cpu_kernels.int8_linear(x, layer.codes, layer.scales, "w8a8", lib=lib)
+        assert torch.equal(ours, w8a8_reference(x, layer)), rows
+        exact = F.linear(x, layer.weight)
+        assert (ours - exact).abs().max() <= 2e-2 * exact.abs().max()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("many", [False, True], ids=["few rows", "many rows"])
 @pytest.mark.parametrize(
@@ -346,8 +376,8 @@ def test_every_path_a_layer_offers_gives_the_reference_result(rows):
         )
         for path in layer.paths_for(x):
             ours = layer.run(path, x)
-            # PyTorch's packed kernels round the activations to bf16 first.
-            tolerance = 1e-2 if path == "torch" else 1e-5
+            # PyTorch's packed kernels round the activations to bf16 first, w8a8 to int8.
+            tolerance = {"torch": 1e-2, "w8a8": 2e-2}.get(path, 1e-5)
             assert (ours - reference).abs().max() <= tolerance * reference.abs().max(), (fmt, path)
 
 
@@ -478,6 +508,18 @@ def test_another_path_replaces_the_fixed_one_only_when_clearly_faster(
         monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 1)
         layer = TimedPaths({"c": 1e-3, "bmm": bmm_seconds, "linear": 3e-3})
         assert paths.choose(layer, seeded(1, 8)) == expected
+
+
+def test_the_approximate_path_is_never_measured_only_pinned(monkeypatch, tmp_path):
+    with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
+        monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 1)
+        layer = TimedPaths({"c": 1e-3, "w8a8": 1e-4, "linear": 3e-3})  # w8a8 the fastest
+        assert paths.choose(layer, seeded(1, 8)) == "c"
+        monkeypatch.setenv(paths.ENV, "int8:w8a8")
+        int8, x = layers_of_every_format()["int8"], seeded(1, 64)
+        offered = int8.paths_for(x)  # without the C kernels, the pin falls back to the rule
+        expected = "w8a8" if "w8a8" in offered else paths.fixed_path("int8", 1, offered)
+        assert paths.choose(int8, x) == expected
 
 
 def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():

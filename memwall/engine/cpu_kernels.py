@@ -196,17 +196,28 @@ def fp32_flops(repeats: int = 3) -> float | None:
     return 2 * rows * out_features * in_features / best
 
 
+INT8_KERNELS = {
+    "c": "int8_linear",
+    "c_row": "int8_row_linear",
+    "c_many": "int8_linear_many",
+    "w8a8": "w8a8_linear",
+}
+
+
 def int8_linear(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, path="c", lib=None
 ) -> torch.Tensor:
     """x [..., in] fp32 @ (codes [out, in] int8 * bf16 scales [out, None])^T -> [..., out].
 
-    path: "c" (4 code rows at a time), "c_row" (one code row at a time: a single stream of codes)
-    or "c_many" (chunks of dequantized rows, for many activation rows; `out` a multiple of 4)."""
+    path: "c" (4 code rows at a time), "c_row" (one code row at a time: a single stream of codes),
+    "c_many" (chunks of dequantized rows, for many activation rows; `out` a multiple of 4) or
+    "w8a8" (each row of x rounded to int8 with its own scale, integer dot products: approximate)."""
     out_features, in_features = codes.shape
     many = path == "c_many"
-    if path not in ("c", "c_row", "c_many"):
-        raise ValueError(f"int8_linear: path must be 'c', 'c_row' or 'c_many', got {path!r}")
+    if path not in INT8_KERNELS:
+        raise ValueError(
+            f"int8_linear: path must be one of {', '.join(INT8_KERNELS)}, got {path!r}"
+        )
     if in_features % 32 or (many and out_features % 4):
         raise ValueError(
             f"int8_linear needs in % 32 == 0 (and out % 4 == 0 for many rows), got {out_features}x{in_features}"
@@ -220,7 +231,7 @@ def int8_linear(
     )
     rows, out = _output(x, out_features)
     lib = lib or library()
-    kernel = {"c": lib.int8_linear, "c_row": lib.int8_row_linear}.get(path, lib.int8_linear_many)
+    kernel = getattr(lib, INT8_KERNELS[path])
     status = kernel(
         x.data_ptr(),
         codes.data_ptr(),

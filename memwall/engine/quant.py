@@ -19,6 +19,8 @@ takes for a given number of rows is measured once per machine (`engine/cpu/paths
 - "c_row" (int8): the same, one row of codes at a time, so the codes are read as a single
   stream; each activation is then loaded once per code row, not once per 4, which pays at one or
   two activation rows;
+- "w8a8" (int8): memwall's C kernel with the activations rounded to int8 too, one scale per row,
+  and integer dot products (AVX-512 VNNI where the CPU has it). Not exact: taken only when pinned;
 - "c_many": for many rows, the same kernels convert a chunk of weight rows to floats in cache once
   and multiply every row by it (prefill without a dequantized copy of the model);
 - "torch": PyTorch's packed kernels (`aten._weight_int8pack_mm`,
@@ -194,8 +196,9 @@ class Int8Linear(nn.Module):
         return self.run(kernel_paths.choose(self, x), x)
 
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
-        """One path (kernel_paths): "c", "c_row", "c_many", "torch" or "dequant" (the reference)."""
-        if path in ("c", "c_row", "c_many"):
+        """One path (kernel_paths): "c", "c_row", "c_many", "torch", "w8a8" or "dequant" (the
+        reference)."""
+        if path in cpu_kernels.INT8_KERNELS:
             y = cpu_kernels.int8_linear(x, self.codes, self.scales, path)
         elif path == "torch":
             y = _through_bf16(
@@ -213,7 +216,8 @@ class Int8Linear(nn.Module):
         c = ("c", "c_row") if cpu_kernels.quant_fits(x, self.in_features) else ()
         many = ("c_many",) if c and self.out_features % 4 == 0 else ()
         library = ("torch",) if _int8_kernel_ok(x) else ()
-        return (*c, *many, *library, "dequant")
+        w8a8 = ("w8a8",) if c else ()
+        return (*c, *many, *library, *w8a8, "dequant")
 
     def kernel_key(self) -> tuple[str, str]:
         return "int8", f"{self.out_features}x{self.in_features}"

@@ -130,9 +130,10 @@ def build(name: str) -> Path:
 class MatmulSpec(ctypes.Structure):
     """decode_step.h's struct matmul_spec: how one matmul of a decode step runs."""
 
-    FP32, INT8, INT8_ROW, INT8_MANY, INT4, INT4_MANY, INT4_BLOCKED, INT4_BLOCKED_MANY, ELSEWHERE = (
-        range(9)
+    FP32, INT8, INT8_ROW, INT8_MANY, W8A8, INT4, INT4_MANY, INT4_BLOCKED, INT4_BLOCKED_MANY = range(
+        9
     )
+    ELSEWHERE = 9
     _fields_ = [
         ("kind", ctypes.c_int),
         ("id", ctypes.c_int),
@@ -172,6 +173,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fp32_linear": ([pointer] * 3 + [long] * 3 + [c_int], None),
         "int8_linear": ([pointer] * 4 + [long] * 3 + [c_int], None),
         "int8_row_linear": ([pointer] * 4 + [long] * 3 + [c_int], None),
+        "w8a8_linear": ([pointer] * 4 + [long] * 3 + [c_int], c_int),
         "int4_linear": ([pointer] * 4 + [long] * 4 + [c_int], c_int),
         "int8_linear_many": ([pointer] * 4 + [long] * 3 + [c_int], c_int),
         "int4_linear_many": ([pointer] * 4 + [long] * 4 + [c_int], c_int),

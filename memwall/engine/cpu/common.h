@@ -11,6 +11,7 @@
  * of CHUNK weight rows into floats in a scratch buffer that stays in its cache, then runs the fp32
  * tile over every activation row. The weights are converted once per call, not once per row.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,76 @@ int int4_linear_many(const float *x, const uint8_t *packed, const uint16_t *scal
     }
     return failed ? -1 : 0;
 }
+
+/* ---- int8 weights and int8 activations ("w8a8") --------------------------------------------
+ * Each activation row is rounded to int8 with a scale of its own (its largest magnitude / 127),
+ * so that a dot product is a sum of integer products, exact in int32, times two scales; batched
+ * rows and every variant get the same bits. The activations lose precision (half a step, up to
+ * 0.4% of the row's largest value, per element), where the other int8 paths keep them in fp32:
+ * so calibration never picks this path; it is pinned (MEMWALL_KERNEL_PATH=int8:w8a8). With
+ * AVX-512 VNNI (kernels_avx512.c), one instruction multiplies and adds 64 pairs of bytes. */
+
+/* x [rows, in] -> xq [rows, in] int8, x_scale [rows] and xq_sum [rows] (the sum of each row's
+ * codes), in one allocation, which the caller frees through *x_scale. Returns 0, or -1 if out of
+ * memory. */
+static int quantize_activations(const float *x, long rows, long in, int8_t **xq, float **x_scale,
+                                int32_t **xq_sum) {
+    char *block = malloc(rows * in + rows * (sizeof(float) + sizeof(int32_t)) + 64);
+    if (block == NULL) return -1;
+    *x_scale = (float *)block;
+    *xq_sum = (int32_t *)(block + rows * sizeof(float));
+    *xq = (int8_t *)(block + rows * (sizeof(float) + sizeof(int32_t)));
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * in;
+        float largest = 0.0f;
+        for (long i = 0; i < in; i++) largest = fabsf(xr[i]) > largest ? fabsf(xr[i]) : largest;
+        float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
+        int32_t sum = 0;
+        for (long i = 0; i < in; i++) {
+            float q = nearbyintf(xr[i] * inverse);
+            int8_t code = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+            (*xq)[r * in + i] = code;
+            sum += code;
+        }
+        (*x_scale)[r] = scale;
+        (*xq_sum)[r] = sum;
+    }
+    return 0;
+}
+
+/* One output (row o of the codes, activation row r) in plain C: the integer dot, then the scales
+ * in a fixed order, which the VNNI kernel repeats. */
+static inline float w8a8_one(const int8_t *w, const int8_t *xq, long in, float w_scale,
+                             float x_scale) {
+    int32_t dot = 0;
+    for (long i = 0; i < in; i++) dot += (int32_t)w[i] * xq[i];
+    return w_scale * x_scale * (float)dot;
+}
+
+static void w8a8_plain(const int8_t *xq, const float *x_scale, const int8_t *codes,
+                       const uint16_t *scales, float *y, long rows, long in, long out,
+                       int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++)
+        for (long r = 0; r < rows; r++)
+            y[r * out + o] = w8a8_one(codes + o * in, xq + r * in, in, bf16_to_float(scales[o]),
+                                      x_scale[r]);
+}
+
+#ifndef HAS_W8A8_LINEAR
+/* x [rows, in] fp32 rounded to int8 per row, against codes [out, in] int8 and a bf16 scale per
+ * output row. Returns 0, or -1 if out of memory. */
+int w8a8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y, long rows,
+                long in, long out, int threads) {
+    int8_t *xq;
+    float *x_scale;
+    int32_t *xq_sum;
+    if (quantize_activations(x, rows, in, &xq, &x_scale, &xq_sum)) return -1;
+    w8a8_plain(xq, x_scale, codes, scales, y, rows, in, out, threads);
+    free(x_scale);
+    return 0;
+}
+#endif
 
 /* x regrouped for the int4 kernels: per 32 inputs, the 16 even-indexed values then the 16
  * odd-indexed ones, the order in which they meet the low and then the high nibbles of 16 bytes.

@@ -10,6 +10,8 @@ void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, fl
                  long in, long out, int threads);
 void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
                      long rows, long in, long out, int threads);
+int w8a8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y, long rows,
+                long in, long out, int threads);
 int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                 long rows, long in, long out, long group, int threads);
 int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
@@ -21,6 +23,7 @@ enum {
     MATMUL_INT8,
     MATMUL_INT8_ROW,
     MATMUL_INT8_MANY,
+    MATMUL_W8A8,
     MATMUL_INT4,
     MATMUL_INT4_MANY,
     MATMUL_INT4_BLOCKED,
@@ -54,6 +57,9 @@ int run_matmul(const struct matmul_spec *m, const float *x, float *y, long rows,
     case MATMUL_INT8: int8_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads); break;
     case MATMUL_INT8_ROW:
         int8_row_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads);
+        break;
+    case MATMUL_W8A8:
+        status = w8a8_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads);
         break;
     case MATMUL_INT8_MANY:
         status = int8_linear_many(x, m->weight, m->scales, y, rows, m->in, m->out, threads);

@@ -15,6 +15,7 @@
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out);
 #define HAS_INT4_BLOCKED_LINEAR /* below, with intrinsics */
+#define HAS_W8A8_LINEAR         /* below, with VNNI where the CPU has it */
 #include "common.h"
 
 /* The sums of the lanes of a, b, c and d, in that order: the four reductions share their
@@ -409,5 +410,97 @@ int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *s
     else
         int4_blocked_rows512(x, x_sums, packed, scale_zero, y, rows, in, out, group, 32, threads);
     free(x_sums);
+    return 0;
+}
+
+/* ---- int8 weights and int8 activations with VNNI (see common.h) ------------------------------ */
+
+/* sum4 for int32 lanes: the four totals of a, b, c and d (exact, in any order). */
+static inline __m128i sum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
+    __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    __m512i abcd = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(abcd), _mm512_extracti64x4_epi64(abcd, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
+}
+
+/* 64 bytes (or the first 32, `take`) of 4 code rows against `nr` rows of activation codes. */
+__attribute__((target("avx512vnni"))) static inline __attribute__((always_inline)) void w8a8_step(
+    __m512i acc[4][4], const int8_t *xq, const int8_t *w, long in, long i, __mmask64 take,
+    const int nr) {
+    const __m512i top_bit = _mm512_set1_epi8((char)0x80);
+    __m512i xv[4];
+    for (int j = 0; j < nr; j++) xv[j] = _mm512_maskz_loadu_epi8(take, xq + j * in + i);
+    for (int k = 0; k < 4; k++) {
+        __m512i u = _mm512_xor_si512(_mm512_maskz_loadu_epi8(take, w + k * in + i), top_bit);
+        for (int j = 0; j < nr; j++) acc[k][j] = _mm512_dpbusd_epi32(acc[k][j], u, xv[j]);
+    }
+}
+
+/* vpdpbusd multiplies 64 unsigned bytes by 64 signed ones and adds each 4 products into one of
+ * 16 int32 sums. The codes are signed, so they go in with 128 added (an XOR of the top bit), and
+ * 128 times the sum of the row's activation codes comes off at the end. 4 code rows x `nr` (1 to
+ * 4) activation rows per tile, as int8_tile. */
+__attribute__((target("avx512vnni"))) static inline __attribute__((always_inline)) void w8a8_tile(
+    const int8_t *xq, const int32_t *xq_sum, const float *x_scale, const int8_t *w,
+    const uint16_t *scales, float *y, long in, long y_stride, const int nr) {
+    __m512i acc[4][4];
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 4; j++) acc[k][j] = _mm512_setzero_si512();
+    const int8_t *ahead = w + 4 * in * tiles_ahead(4 * in);
+    long i = 0;
+    for (; i + 64 <= in; i += 64) {
+        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)(ahead + k * in + i), _MM_HINT_T0);
+        w8a8_step(acc, xq, w, in, i, ~(__mmask64)0, nr);
+    }
+    if (i < in) w8a8_step(acc, xq, w, in, i, ((__mmask64)1 << (in - i)) - 1, nr); /* 32 left */
+    __m128 w_scale = _mm_set_ps(bf16_to_float(scales[3]), bf16_to_float(scales[2]),
+                                bf16_to_float(scales[1]), bf16_to_float(scales[0]));
+    for (int j = 0; j < nr; j++) {
+        __m128i dots = _mm_sub_epi32(sum4_epi32(acc[0][j], acc[1][j], acc[2][j], acc[3][j]),
+                                     _mm_set1_epi32(128 * xq_sum[j]));
+        __m128 scale = _mm_mul_ps(w_scale, _mm_set1_ps(x_scale[j])); /* as w8a8_one's order */
+        _mm_storeu_ps(y + j * y_stride, _mm_mul_ps(scale, _mm_cvtepi32_ps(dots)));
+    }
+}
+
+__attribute__((target("avx512vnni"))) static void w8a8_vnni(const int8_t *xq, const float *x_scale,
+                                                             const int32_t *xq_sum,
+                                                             const int8_t *codes,
+                                                             const uint16_t *scales, float *y,
+                                                             long rows, long in, long out,
+                                                             int threads) {
+    long tiled = out - out % 4;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < tiled; o += 4) {
+        const int8_t *w = codes + o * in;
+        long r = 0;
+        for (; r + 4 <= rows; r += 4)
+            w8a8_tile(xq + r * in, xq_sum + r, x_scale + r, w, scales + o, y + r * out + o, in, out, 4);
+        const int8_t *xr = xq + r * in;
+        float *yr = y + r * out + o;
+        if (rows - r == 3) w8a8_tile(xr, xq_sum + r, x_scale + r, w, scales + o, yr, in, out, 3);
+        if (rows - r == 2) w8a8_tile(xr, xq_sum + r, x_scale + r, w, scales + o, yr, in, out, 2);
+        if (rows - r == 1) w8a8_tile(xr, xq_sum + r, x_scale + r, w, scales + o, yr, in, out, 1);
+    }
+    for (long o = tiled; o < out; o++) /* the last out % 4 rows */
+        for (long r = 0; r < rows; r++)
+            y[r * out + o] = w8a8_one(codes + o * in, xq + r * in, in, bf16_to_float(scales[o]),
+                                      x_scale[r]);
+}
+
+int w8a8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y, long rows,
+                long in, long out, int threads) {
+    static int features = -1;
+    if (features < 0) features = memwall_cpu_features();
+    int8_t *xq;
+    float *x_scale;
+    int32_t *xq_sum;
+    if (quantize_activations(x, rows, in, &xq, &x_scale, &xq_sum)) return -1;
+    if (features & 4)
+        w8a8_vnni(xq, x_scale, xq_sum, codes, scales, y, rows, in, out, threads);
+    else
+        w8a8_plain(xq, x_scale, codes, scales, y, rows, in, out, threads);
+    free(x_scale);
     return 0;
 }

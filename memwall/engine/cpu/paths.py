@@ -15,6 +15,8 @@ The candidates (a layer lists the ones that can take a given input):
   int8, int4:       "c" (C, a few rows at a time), "c_many" (C, chunks of dequantized weights),
                     and for int8 "c_row" (C, one row of codes at a time),
                     "torch" (PyTorch's packed kernels, bf16 activations), "dequant" (reference)
+  int8 also offers "w8a8" (C, activations rounded to int8: VNNI where the CPU has it). It changes
+  the results beyond rounding, so it is never measured or chosen; only a pin takes it.
 
 MEMWALL_KERNEL_PATH pins paths, for tests and for chapters that compare paths:
   "fp32:bmm,int8:c"  pins those formats (others are measured); "fixed" uses the fixed rules below
@@ -43,17 +45,14 @@ PATHS = {
     "fp32": ("c", "bmm", "linear"),
     "bf16": ("bmm", "linear"),
     "fp16": ("bmm", "linear"),
-    "int8": ("c", "c_row", "c_many", "torch", "dequant"),
+    "int8": ("c", "c_row", "c_many", "torch", "w8a8", "dequant"),
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
 METHOD = 4  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
-C_PATHS = (
-    "c",
-    "c_row",
-    "c_many",
-)  # memwall's C kernels: the fast decode step runs them without Python
+C_PATHS = ("c", "c_row", "c_many", "w8a8")  # the fast decode step runs these without Python
+APPROXIMATE = ("w8a8",)  # paths taken only when pinned
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
 _memo: dict[tuple, str] = {}
@@ -144,7 +143,7 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
             file=sys.stderr,
         )
         _announced = True
-    candidates = [p for p in options if p != "dequant"] or list(options)
+    candidates = [p for p in options if p not in ("dequant", *APPROXIMATE)] or ["dequant"]
     sample = torch.randn(rows, x.shape[-1], dtype=x.dtype)
     # Decode reads each layer's weights from memory, right after other layers' weights. Timing
     # one layer over and over reads them from cache instead (a regime in which PyTorch's paths won
