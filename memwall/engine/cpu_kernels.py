@@ -76,12 +76,12 @@ def library() -> ctypes.CDLL | None:
         return None
 
 
-@functools.cache
 def has_vnni() -> bool:
     """Whether the int8 "w8a8" path multiplies with AVX-512 VNNI here (else plain C vectors)."""
     return variant() == "avx512" and bool(library().memwall_cpu_features() & 4)
 
 
+@functools.cache
 def variant_library(name: str) -> ctypes.CDLL:
     """One variant's library, whichever is in use (the tests check each against the reference)."""
     return build.load(name)

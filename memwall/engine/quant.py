@@ -12,8 +12,9 @@ point and each weight is turned back into a float ("dequantized") inside the mat
   al. 2022, Lin et al. 2023, but choose the codes more cleverly than the round-to-nearest used here).
   Half a byte per weight plus 4 bytes per group: exactly `memwall.cost`'s "int4-g<group_size>".
 
-Four paths compute the matmul, all dequantizing on the fly except the last; which one a layer
-takes for a given number of rows is measured once per machine (`engine/cpu/paths.py`):
+Several paths compute the matmul, all but the last dequantizing on the fly (and "w8a8" multiplying
+integers); which one a layer takes for a given number of rows is measured once per machine
+(`engine/cpu/paths.py`):
 - "c": memwall's own C kernels (`cpu_kernels.c` and `engine/cpu/`), for fp32 activations on a
   CPU: they read the packed weights and turn them into floats in registers;
 - "c_row" (int8): the same, one row of codes at a time, so the codes are read as a single

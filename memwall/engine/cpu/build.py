@@ -130,10 +130,19 @@ def build(name: str) -> Path:
 class MatmulSpec(ctypes.Structure):
     """decode_step.h's struct matmul_spec: how one matmul of a decode step runs."""
 
-    FP32, INT8, INT8_ROW, INT8_MANY, W8A8, INT4, INT4_MANY, INT4_BLOCKED, INT4_BLOCKED_MANY = range(
-        9
-    )
-    ELSEWHERE = 9
+    # the kinds, numbered in the order of decode_step.h's enum
+    (
+        FP32,
+        INT8,
+        INT8_ROW,
+        INT8_MANY,
+        W8A8,
+        INT4,
+        INT4_MANY,
+        INT4_BLOCKED,
+        INT4_BLOCKED_MANY,
+        ELSEWHERE,
+    ) = range(10)
     _fields_ = [
         ("kind", ctypes.c_int),
         ("id", ctypes.c_int),

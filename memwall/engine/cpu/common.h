@@ -139,7 +139,7 @@ int int4_linear_many(const float *x, const uint8_t *packed, const uint16_t *scal
  * memory. */
 static int quantize_activations(const float *x, long rows, long in, int8_t **xq, float **x_scale,
                                 int32_t **xq_sum) {
-    char *block = malloc(rows * in + rows * (sizeof(float) + sizeof(int32_t)) + 64);
+    char *block = malloc(rows * (in + sizeof(float) + sizeof(int32_t)));
     if (block == NULL) return -1;
     *x_scale = (float *)block;
     *xq_sum = (int32_t *)(block + rows * sizeof(float));

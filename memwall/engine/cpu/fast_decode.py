@@ -45,8 +45,13 @@ def matmul_spec(layer, path: str, matmul_id: int = 0) -> MatmulSpec:
     if path == "c" and isinstance(layer, Linear):
         spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
     elif path in kernel_paths.C_PATHS and isinstance(layer, Int8Linear):
-        kinds = {"c": spec.INT8, "c_row": spec.INT8_ROW, "c_many": spec.INT8_MANY}
-        spec.kind = kinds.get(path, spec.W8A8)
+        kinds = {
+            "c": spec.INT8,
+            "c_row": spec.INT8_ROW,
+            "c_many": spec.INT8_MANY,
+            "w8a8": spec.W8A8,
+        }
+        spec.kind = kinds[path]
         spec.weight, spec.scales = _ptr(layer.codes), _ptr(layer.scales)
     elif path in kernel_paths.C_PATHS and isinstance(layer, Int4Linear):
         if layer.kernel_layout:
