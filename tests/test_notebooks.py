@@ -77,6 +77,23 @@ def test_cell_ids_are_unique_and_exercise_cells_are_named_after_their_exercise(s
     nbformat.validate(nb)
 
 
+CODE_COLUMN_CHARS = 92  # what a code cell shows at the book's width without scrolling
+
+
+@pytest.mark.parametrize("source", sorted((REPO / "chapters").glob("*.md")), ids=lambda p: p.stem)
+def test_chapter_code_fits_the_page_width(source):
+    """Every line of a chapter's code cells shows whole on the built page (the Colab cell is
+    hidden there)."""
+    too_wide = [
+        line
+        for cell in read_source(source).cells
+        if cell.cell_type == "code" and cell.get("id") != COLAB_CELL_ID
+        for line in cell.source.splitlines()
+        if len(line) > CODE_COLUMN_CHARS
+    ]
+    assert not too_wide, f"{len(too_wide)} code line(s) over {CODE_COLUMN_CHARS}: {too_wide[:3]}"
+
+
 def test_the_sources_carry_no_colab_cell_and_no_outputs():
     for source in SOURCES:
         text = source.read_text()
