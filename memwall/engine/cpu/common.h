@@ -227,6 +227,16 @@ static int int4_prepare(const float *x, long rows, long in, long group, float **
  * once per row with a horizontal sum. The loops below are plain C over lanes; the compiler
  * turns them into the variant's vector instructions. */
 
+/* Asks for the (scale, offset) pairs of group g for the next block of `block` rows: block * 4
+ * bytes in a row, but each group's lie out * 4 bytes from the last, too scattered for the
+ * hardware prefetcher to follow. On a 2-core Zen 5 the int4 fast step took 0.75-0.94x the time
+ * at batch 1 with it (whole step, both orders). */
+static inline void prefetch_next_scales(const uint16_t *scale_zero, long g, long out, long o,
+                                        long block) {
+    const char *next = (const char *)(scale_zero + (g * out + o + block) * 2);
+    for (long line = 0; line < block * 4; line += 64) __builtin_prefetch(next + line);
+}
+
 static float *group_sums(const float *x, long rows, long in, long group) {
     long groups = in / group;
     float *sums = malloc(sizeof(float) * rows * groups);
@@ -246,6 +256,7 @@ static inline __attribute__((always_inline)) void int4_blocked_tile(
     float total[2][64] = {{0}}, part[2][64];
     long groups = in / group;
     for (long g = 0; g < groups; g++) {
+        prefetch_next_scales(scale_zero, g, out, o, B);
         for (int r = 0; r < nr; r++)
             for (int j = 0; j < B; j++) part[r][j] = 0.0f;
         for (long k = g * group; k < (g + 1) * group; k++) {

@@ -296,6 +296,7 @@ static inline __attribute__((always_inline)) void int4_blocked_tile512(
     const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     long groups = in / group;
     for (long g = 0; g < groups; g++) {
+        prefetch_next_scales(scale_zero, g, out, o, B);
         for (int r = 0; r < nr; r++)
             for (int v = 0; v < nv; v++) part[r][0][v] = part[r][1][v] = _mm512_setzero_ps();
         for (long k = g * group; k < (g + 1) * group; k += 2) {
@@ -342,6 +343,7 @@ static void int4_b64_one_row(const float *x, const float *x_sums, const uint8_t 
     __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
     long groups = in / group;
     for (long g = 0; g < groups; g++) {
+        prefetch_next_scales(scale_zero, g, out, o, 64);
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
         for (long k = g * group; k < (g + 1) * group; k += 2) {
