@@ -289,6 +289,21 @@ def test_fast_decode_adds_the_qkv_bias_of_qwen_style_models(monkeypatch):
     assert_fast_steps_match(fast, model, seed=3)
 
 
+def test_fast_decode_on_the_packed_path_follows_changes_to_the_weights(tiny_engine, monkeypatch):
+    """The "packed" path reads a packed copy of the weights: a change made in place after the
+    step's buffers were bound must reach it, as it reaches the readable model."""
+    import copy
+
+    monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fp32:packed")
+    model = copy.deepcopy(tiny_engine)
+    fast = fast_or_skip(model)
+    assert_fast_steps_match(fast, model, seed=7)
+    assert {matmul.path for matmul in fast._plans[2].matmuls} == {"packed"}
+    with torch.no_grad():
+        model.blocks[0].mlp.down.weight.mul_(1.5)
+    assert_fast_steps_match(fast, model, seed=8)
+
+
 def test_fast_decode_runs_the_pinned_w8a8_path_as_the_readable_engine_does(
     tiny_engine, monkeypatch
 ):

@@ -123,6 +123,41 @@ def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in
             )
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(
+    "out_features, in_features", [(4, 8), (7, 5), (33, 40), (40, 37), (64, 200), (96, 576)]
+)
+def test_packed_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in_features):
+    """Any width (the last panel is partly padding), and every tile (12, 8, 4, 2 and 1 rows)."""
+    lib = cpu_kernels.variant_library(variant)
+    weight = seeded(out_features, in_features)
+    for rows in [*ROWS, 12, 15, 16, 29]:
+        x = seeded(rows, in_features, seed=rows)
+        batched = cpu_kernels.fp32_packed_linear(x, weight, lib=lib)
+        assert close(batched, (x.double() @ weight.double().t()).float())
+        for i in (0, rows - 1):  # each row gets the same bits alone as in a batch
+            alone = cpu_kernels.fp32_packed_linear(x[i : i + 1], weight, lib=lib)
+            assert torch.equal(alone[0], batched[i])
+
+
+@needs_cpu_kernels
+def test_the_packed_copy_is_made_once_and_again_after_the_weights_change():
+    weight, x = seeded(40, 32), seeded(3, 32, seed=1)
+    panels = cpu_kernels.panels_of(weight)
+    assert panels.shape == (2, 32, cpu_kernels.PANEL)
+    assert torch.equal(panels[1, :, :8], weight[32:].t()) and not panels[1, :, 8:].any()
+    assert cpu_kernels.panels_of(weight) is panels
+    with torch.no_grad():
+        weight[5].mul_(2.0)  # in place: a new version of the same tensor
+    assert cpu_kernels.panels_of(weight) is not panels
+    assert close(cpu_kernels.fp32_packed_linear(x, weight), x @ weight.t())
+    with pytest.raises(RuntimeError) as caught:
+        cpu_kernels.fp32_packed_linear(seeded(1, 40), weight)
+    assert str(caught.value) == f_linear_error(seeded(1, 40), weight)
+    with pytest.raises(TypeError, match="float32"):
+        cpu_kernels.fp32_packed_linear(x, weight.bfloat16())
+
+
 def attend_one(lib, qkv, keys, values, heads, length, threads):
     """The C attention of one new token per row against `length` cached ones (decode_ops.h)."""
     rows, _, head_dim = qkv.shape
@@ -257,6 +292,7 @@ def test_every_variant_gives_the_same_bits_for_any_thread_count(variant):
     def run():
         return [
             cpu_kernels.fp32_linear(x, weight, lib=lib),
+            cpu_kernels.fp32_packed_linear(x, weight, lib=lib),
             cpu_kernels.int4_linear(x, layer.packed, layer.scale_zero, 32, lib=lib),
             cpu_kernels.int4_linear(x, layer.packed, layer.scale_zero, 32, many=True, lib=lib),
         ]
@@ -396,7 +432,7 @@ def test_a_pinned_path_is_taken_and_a_bad_pin_names_the_choices(monkeypatch):
     expected = "bmm" if layers["fp32"].splits > 1 else fallback
     assert paths.choose(layers["fp32"], x) == expected
     monkeypatch.setenv(paths.ENV, "fp32:fast")
-    with pytest.raises(ValueError, match="fp32: c, bmm, linear"):
+    with pytest.raises(ValueError, match="fp32: c, packed, bmm, linear"):
         paths.choose(layers["fp32"], x)
 
 
@@ -478,6 +514,20 @@ def test_calibration_runs_c_paths_from_c_and_others_through_python(monkeypatch, 
                 assert torch.equal(result, expected[path]), (layer, path)
         assert set(through_python) == set(expected) - set(paths.C_PATHS), layer
         monkeypatch.undo()
+
+
+@needs_cpu_kernels
+def test_calibration_times_copies_and_leaves_the_layer_unpacked(monkeypatch, tmp_path):
+    """Timing the "packed" path packs the copies it times; the layer itself gets a packed copy
+    of its weights only when it runs on that path."""
+    with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
+        monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 2)
+        layer, x = layers_of_every_format()["fp32"], seeded(3, 64)
+        assert "packed" in layer.paths_for(x)
+        paths.choose(layer, x)
+        assert id(layer.weight) not in cpu_kernels._panels
+        layer.run("packed", x)
+        assert id(layer.weight) in cpu_kernels._panels
 
 
 class TimedPaths(torch.nn.Module):

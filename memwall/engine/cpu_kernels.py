@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import weakref
 
 import torch
 
@@ -111,6 +112,16 @@ def fp32_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def packed_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fp32_packed_linear` can take x [..., in] against this weight [out, in]."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not (x.requires_grad or weight.requires_grad)
+        and available()
+    )
+
+
 def usable(x: torch.Tensor, in_features: int) -> bool:
     """quant_fits, for at most MAX_ROWS rows (the fixed rule)."""
     return x.numel() <= MAX_ROWS * in_features and quant_fits(x, in_features)
@@ -171,6 +182,54 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor
     (lib or library()).fp32_linear(
         x.data_ptr(),
         weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        in_features,
+        out_features,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+PANEL = 32  # output rows per panel, as common.h's PANEL
+_panels: dict[int, tuple] = {}  # id(weight) -> (weak ref, version, address, panels)
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] as panels [ceil(out / PANEL), in, PANEL] for the "packed" path: panel p
+    holds output rows p * PANEL to p * PANEL + PANEL - 1, input by input; the last panel is padded
+    with zero rows."""
+    out_features, in_features = weight.shape
+    padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -out_features % PANEL))
+    return padded.view(-1, PANEL, in_features).transpose(1, 2).contiguous()
+
+
+def panels_of(weight: torch.Tensor) -> torch.Tensor:
+    """pack_panels(weight), made once and kept while the weight lives and stays unchanged (an
+    in-place change bumps its version): a second copy of the weights, which only layers that take
+    the "packed" path pay for."""
+    kept = _panels.get(id(weight))
+    now = (weight._version, weight.data_ptr())
+    if kept is not None and kept[0]() is weight and kept[1:3] == now:
+        return kept[3]
+    panels = pack_panels(weight)
+    if kept is None:
+        weakref.finalize(weight, _panels.pop, id(weight), None)
+    _panels[id(weight)] = (weakref.ref(weight), *now, panels)
+    return panels
+
+
+def fp32_packed_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor:
+    """x [..., in] @ weight [out, in]^T -> [..., out], all fp32, on the weight's panels."""
+    out_features, in_features = weight.shape
+    check_width(x, in_features, out_features)
+    panels = panels_of(weight)
+    shape = (-(-out_features // PANEL), in_features, PANEL)
+    x = _check(x, in_features, out_features, panels=(panels, torch.float32, shape))
+    rows, out = _output(x, out_features)
+    (lib or library()).fp32_packed_linear(
+        x.data_ptr(),
+        panels.data_ptr(),
         out.data_ptr(),
         rows,
         in_features,

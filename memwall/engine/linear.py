@@ -78,9 +78,12 @@ class Linear(nn.Module):
         return self.run(kernel_paths.choose(self, x), x)
 
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
-        """x W^T + b through one path: "c" (memwall's kernel), "bmm" (row split), "linear"."""
+        """x W^T + b through one path: "c" (memwall's kernel), "packed" (memwall's kernel on a
+        copy of W packed in panels), "bmm" (row split), "linear"."""
         if path == "c":
             y = cpu_kernels.fp32_linear(x, self.weight)
+        elif path == "packed":
+            y = cpu_kernels.fp32_packed_linear(x, self.weight)
         elif path == "bmm":
             rows = x.reshape(-1, self.in_features)
             slabs = self.weight.view(
@@ -97,8 +100,9 @@ class Linear(nn.Module):
         if x.device.type != "cpu" or x.shape[-1] != self.in_features:
             return ("linear",)  # F.linear also raises the usual error for a wrong width
         c = ("c",) if cpu_kernels.fp32_fits(x, self.weight) else ()
+        packed = ("packed",) if cpu_kernels.packed_fits(x, self.weight) else ()
         bmm = ("bmm",) if self.splits > 1 and x.dtype == self.weight.dtype else ()
-        return (*c, *bmm, "linear")
+        return (*c, *packed, *bmm, "linear")
 
     def kernel_key(self) -> tuple[str, str]:
         fmt = FORMAT_NAMES.get(self.weight.dtype, str(self.weight.dtype))

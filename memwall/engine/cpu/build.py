@@ -133,6 +133,7 @@ class MatmulSpec(ctypes.Structure):
     # the kinds, numbered in the order of decode_step.h's enum
     (
         FP32,
+        FP32_PACKED,
         INT8,
         INT8_ROW,
         INT8_MANY,
@@ -142,7 +143,7 @@ class MatmulSpec(ctypes.Structure):
         INT4_BLOCKED,
         INT4_BLOCKED_MANY,
         ELSEWHERE,
-    ) = range(10)
+    ) = range(11)
     _fields_ = [
         ("kind", ctypes.c_int),
         ("id", ctypes.c_int),
@@ -180,6 +181,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     pointer, long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     signatures = {
         "fp32_linear": ([pointer] * 3 + [long] * 3 + [c_int], None),
+        "fp32_packed_linear": ([pointer] * 3 + [long] * 3 + [c_int], None),
         "int8_linear": ([pointer] * 4 + [long] * 3 + [c_int], None),
         "int8_row_linear": ([pointer] * 4 + [long] * 3 + [c_int], None),
         "w8a8_linear": ([pointer] * 4 + [long] * 3 + [c_int], c_int),

@@ -5,7 +5,10 @@
  * over the layers runs in C; a matmul that its layer runs on another path (PyTorch's) calls back
  * into Python. The order of operations is engine/layers.py's, as in decode_ops.h. */
 
-/* The variant defines these after including common.h. */
+/* The variant defines these after including common.h (common.h itself, for a variant without
+ * its own fp32_packed_linear). */
+void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
+                        long out, int threads);
 void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y, long rows,
                  long in, long out, int threads);
 void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
@@ -20,6 +23,7 @@ int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *s
 /* How one matmul of the step runs; `id` names it to the Python callback for MATMUL_ELSEWHERE. */
 enum {
     MATMUL_FP32,
+    MATMUL_FP32_PACKED,
     MATMUL_INT8,
     MATMUL_INT8_ROW,
     MATMUL_INT8_MANY,
@@ -33,7 +37,7 @@ enum {
 
 struct matmul_spec {
     int kind, id;
-    const void *weight; /* fp32 weights, int8 codes or packed int4 */
+    const void *weight; /* fp32 weights (or their panels), int8 codes or packed int4 */
     const void *scales; /* int8 scales or int4 (scale, zero) pairs; NULL for fp32 */
     const float *bias;  /* or NULL */
     long in, out, group, block;
@@ -54,6 +58,9 @@ int run_matmul(const struct matmul_spec *m, const float *x, float *y, long rows,
     int status = 0;
     switch (m->kind) {
     case MATMUL_FP32: fp32_linear(x, m->weight, y, rows, m->in, m->out, threads); break;
+    case MATMUL_FP32_PACKED:
+        fp32_packed_linear(x, m->weight, y, rows, m->in, m->out, threads);
+        break;
     case MATMUL_INT8: int8_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads); break;
     case MATMUL_INT8_ROW:
         int8_row_linear(x, m->weight, m->scales, y, rows, m->in, m->out, threads);

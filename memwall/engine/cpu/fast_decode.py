@@ -44,6 +44,9 @@ def matmul_spec(layer, path: str, matmul_id: int = 0) -> MatmulSpec:
     many = path == "c_many"
     if path == "c" and isinstance(layer, Linear):
         spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
+    elif path == "packed" and isinstance(layer, Linear):
+        # the panels outlive the spec: panels_of keeps them while the weight lives
+        spec.kind, spec.weight = MatmulSpec.FP32_PACKED, _ptr(cpu_kernels.panels_of(layer.weight))
     elif path in kernel_paths.C_PATHS and isinstance(layer, Int8Linear):
         kinds = {
             "c": spec.INT8,
@@ -78,6 +81,14 @@ class _Matmul:
         self.layer, self.x, self.y = layer, x, y
         self.path = kernel_paths.choose(layer, x)
         self.spec = matmul_spec(layer, self.path, matmul_id)
+        # The "packed" path reads a copy of the weights: it is kept alive with the spec that
+        # points to it, and an in-place change of the weights (a new version) makes it stale.
+        packed = self.spec.kind == MatmulSpec.FP32_PACKED
+        self.panels = cpu_kernels.panels_of(layer.weight) if packed else None
+        self.version = layer.weight._version if packed else None
+
+    def stale(self) -> bool:
+        return self.panels is not None and self.layer.weight._version != self.version
 
     def run_elsewhere(self) -> None:
         self.y.copy_(self.layer.run(self.path, self.x[None])[0])
@@ -90,6 +101,7 @@ class _Plan:
     def __init__(self, lib, threads: int, buf: dict, layers, matmuls: list, shape: tuple):
         self.lib, self.threads, self.buf = lib, threads, buf
         self.layers, self.matmuls, self.shape = layers, matmuls, shape
+        self.packed = [matmul for matmul in matmuls if matmul.panels is not None]
         self.buffers = tuple(  # decode_layers' buffer arguments, in its order
             _ptr(buf[name]) for name in ("x", "h", "qkv", "attn", "delta", "gate_up", "act")
         )
@@ -104,6 +116,9 @@ class _Plan:
         # Not a bound method: the plan would then hold itself through the callback, and a
         # dropped model would wait for the cyclic garbage collector to free its weights.
         self.elsewhere = MatmulElsewhere(run_elsewhere)
+
+    def stale(self) -> bool:
+        return any(matmul.stale() for matmul in self.packed)
 
     def run(self, matmul: _Matmul) -> None:
         """One matmul alone (the output head; benchmarks time them all without the rest)."""
@@ -207,8 +222,8 @@ class FastDecoder(nn.Module):
     def _step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         rows = tokens.shape[0]
         plan = self._plans.get(rows)
-        if plan is None or plan.threads != torch.get_num_threads():
-            self._build(rows)  # first step of this size, or the thread count changed since
+        if plan is None or plan.threads != torch.get_num_threads() or plan.stale():
+            self._build(rows)  # first step of this size, or the threads or weights changed since
             plan = self._plans[rows]
         m = self.model
         position = cache.length

@@ -16,6 +16,7 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
                        long n_out);
 #define HAS_INT4_BLOCKED_LINEAR /* below, with intrinsics */
 #define HAS_W8A8_LINEAR         /* below, with VNNI where the CPU has it */
+#define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
 #include "common.h"
 
 /* The sums of the lanes of a, b, c and d, in that order: the four reductions share their
@@ -117,6 +118,51 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
         if (rows - r == 3) fp32_tile(x + r * in, wo, yr, in, y_stride, 3);
         if (rows - r == 2) fp32_tile(x + r * in, wo, yr, in, y_stride, 2);
         if (rows - r == 1) fp32_tile(x + r * in, wo, yr, in, y_stride, 1);
+    }
+}
+
+/* The "packed" path (common.h): `nr` (1 to 12) activation rows against one panel of 32 outputs,
+ * 2 x nr sums in registers; the stores keep the outputs that are real (masks lo, hi). */
+static inline __attribute__((always_inline)) void fp32_panel_tile(const float *x, const float *p,
+                                                                  float *y, long in, long y_stride,
+                                                                  __mmask16 lo, __mmask16 hi,
+                                                                  const int nr) {
+    __m512 acc_lo[12], acc_hi[12];
+    for (int r = 0; r < nr; r++) acc_lo[r] = acc_hi[r] = _mm512_setzero_ps();
+    for (long k = 0; k < in; k++) {
+        const float *pk = p + k * PANEL;
+        _mm_prefetch((const char *)(pk + PANEL_AHEAD_FLOATS), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pk + PANEL_AHEAD_FLOATS + 16), _MM_HINT_T0);
+        __m512 w_lo = _mm512_loadu_ps(pk), w_hi = _mm512_loadu_ps(pk + 16);
+        for (int r = 0; r < nr; r++) {
+            __m512 xk = _mm512_set1_ps(x[r * in + k]);
+            acc_lo[r] = _mm512_fmadd_ps(w_lo, xk, acc_lo[r]);
+            acc_hi[r] = _mm512_fmadd_ps(w_hi, xk, acc_hi[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm512_mask_storeu_ps(y + r * y_stride, lo, acc_lo[r]);
+        _mm512_mask_storeu_ps(y + r * y_stride + 16, hi, acc_hi[r]);
+    }
+}
+
+/* 12 rows at a time, then 8, 4, 2 and 1 (each row count a constant, so the loops unroll). At 16
+ * rows 12 + 4 beat 8 + 8 and a single tile of 16 against one 16-output half of the panel. */
+void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
+                        long out, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o += PANEL) {
+        const float *p = panels + o * in;
+        long width = out - o < PANEL ? out - o : PANEL, r = 0;
+        __mmask16 lo = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
+        __mmask16 hi = width >= 32 ? 0xFFFF : width <= 16 ? 0 : (__mmask16)((1u << (width - 16)) - 1);
+#define MEMWALL_PANEL_ROWS(n) fp32_panel_tile(x + r * in, p, y + r * out + o, in, out, lo, hi, n)
+        for (; r + 12 <= rows; r += 12) MEMWALL_PANEL_ROWS(12);
+        if (rows - r >= 8) { MEMWALL_PANEL_ROWS(8); r += 8; }
+        if (rows - r >= 4) { MEMWALL_PANEL_ROWS(4); r += 4; }
+        if (rows - r >= 2) { MEMWALL_PANEL_ROWS(2); r += 2; }
+        if (rows - r >= 1) MEMWALL_PANEL_ROWS(1);
+#undef MEMWALL_PANEL_ROWS
     }
 }
 

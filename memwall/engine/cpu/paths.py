@@ -11,7 +11,9 @@ kernels' source hash. A choice timed while other work kept the cores busy is use
 but not kept: on two shared cores, one stalled thread can make the best path look like the worst.
 
 The candidates (a layer lists the ones that can take a given input):
-  fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear)
+  fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear),
+                    and for fp32 "packed" (C, on a copy of the weights packed in panels, which
+                    a layer makes only if it takes this path)
   int8, int4:       "c" (C, a few rows at a time), "c_many" (C, chunks of dequantized weights),
                     and for int8 "c_row" (C, one row of codes at a time),
                     "torch" (PyTorch's packed kernels, bf16 activations), "dequant" (reference)
@@ -42,7 +44,7 @@ from memwall.fingerprint import last_level_cache_bytes
 
 ENV = "MEMWALL_KERNEL_PATH"
 PATHS = {
-    "fp32": ("c", "bmm", "linear"),
+    "fp32": ("c", "packed", "bmm", "linear"),
     "bf16": ("bmm", "linear"),
     "fp16": ("bmm", "linear"),
     "int8": ("c", "c_row", "c_many", "torch", "w8a8", "dequant"),
@@ -51,7 +53,13 @@ PATHS = {
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
 METHOD = 4  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
-C_PATHS = ("c", "c_row", "c_many", "w8a8")  # the fast decode step runs these without Python
+C_PATHS = (
+    "c",
+    "packed",
+    "c_row",
+    "c_many",
+    "w8a8",
+)  # the fast decode step runs these without Python
 APPROXIMATE = ("w8a8",)  # paths taken only when pinned
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
@@ -150,11 +158,13 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     # on small matrices), and one call after a cache flush is mostly its cold start, too noisy to
     # rank paths within 10%. So a sample runs the path through enough copies of the layer to
     # overflow the caches, one after the other, as decode runs layers.
-    copies = [layer] + [_copy_of(layer) for _ in range(_copies_to_overflow(layer) - 1)]
+    # Copies only, not the layer itself: a path that packs a copy of its weights on first use
+    # ("packed") leaves the layer as it was unless it is chosen.
+    copies = [_copy_of(layer) for _ in range(_copies_to_overflow(layer))]
     times = {path: [] for path in candidates}
     with torch.inference_mode():
         for path in candidates:
-            layer.run(path, sample)  # warm-up: lazy packing, first-call costs
+            copies[0].run(path, sample)  # warm-up: lazy packing, first-call costs
         runs = {path: _calls(copies, path, sample) for path in candidates}
         for _ in range(5):
             for path in candidates:
