@@ -156,6 +156,9 @@ def test_the_packed_copy_is_made_once_and_again_after_the_weights_change():
     assert str(caught.value) == f_linear_error(seeded(1, 40), weight)
     with pytest.raises(TypeError, match="float32"):
         cpu_kernels.fp32_packed_linear(x, weight.bfloat16())
+    with torch.inference_mode():  # weights made there keep no version count
+        made_there = seeded(8, 32)
+        assert close(cpu_kernels.fp32_packed_linear(x, made_there), x @ made_there.t())
 
 
 def attend_one(lib, qkv, keys, values, heads, length, threads):
@@ -410,7 +413,7 @@ def test_every_path_a_layer_offers_gives_the_reference_result(rows):
         reference = (
             F.linear(x, layer.weight, layer.bias) if fmt == "fp32" else layer.reference_forward(x)
         )
-        for path in layer.paths_for(x):
+        for path in getattr(layer, "step_paths_for", layer.paths_for)(x):
             ours = layer.run(path, x)
             # PyTorch's packed kernels round the activations to bf16 first, w8a8 to int8.
             tolerance = {"torch": 1e-2, "w8a8": 2e-2}.get(path, 1e-5)
@@ -522,9 +525,13 @@ def test_calibration_times_copies_and_leaves_the_layer_unpacked(monkeypatch, tmp
     of its weights only when it runs on that path."""
     with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
         monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 2)
-        layer, x = layers_of_every_format()["fp32"], seeded(3, 64)
-        assert "packed" in layer.paths_for(x)
-        paths.choose(layer, x)
+        layer, x = layers_of_every_format()["fp32"], seeded(6, 64)
+        assert "packed" not in layer.paths_for(x)  # the readable engine keeps one copy
+        assert "packed" in layer.step_paths_for(x)
+        assert "packed" not in layer.step_paths_for(seeded(4, 64))  # 5 to 64 rows: batches
+        readable, step = paths.choose(layer, x), paths.choose(layer, x, fast_step=True)
+        assert readable in layer.paths_for(x) and step in layer.step_paths_for(x)
+        assert any(name.endswith(":step") for name in paths._decisions())
         assert id(layer.weight) not in cpu_kernels._panels
         layer.run("packed", x)
         assert id(layer.weight) in cpu_kernels._panels

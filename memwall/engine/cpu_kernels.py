@@ -7,6 +7,8 @@ rows leave much of the CPU's FLOP/s unused, which caps batched decode. The C ker
 weights into floats in registers and keep a tile of sums in registers for batches (chapters 6, 7).
 For many rows with int8/int4 weights (`*_many`), each core converts a chunk of weight rows to
 floats in its cache once and runs the fp32 tile over every row: prefill without a dequantized copy.
+For batched fp32 decode, `fp32_packed_linear` reads a copy of the weights packed in panels
+(`panels_of`), which keeps memory streaming while the cores compute (common.h says how).
 
 `cpu/build.py` compiles the variant for this CPU (AVX-512, AVX2, or portable C) on first use, or
 ahead of time with `memwall build-kernels`. The libraries use OpenMP; the loader resolves that to
@@ -204,12 +206,18 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, PANEL, in_features).transpose(1, 2).contiguous()
 
 
+def version_of(tensor: torch.Tensor) -> int | None:
+    """The count of in-place changes to `tensor`; None for one made in inference mode, which
+    does not keep it."""
+    return None if tensor.is_inference() else tensor._version
+
+
 def panels_of(weight: torch.Tensor) -> torch.Tensor:
     """pack_panels(weight), made once and kept while the weight lives and stays unchanged (an
     in-place change bumps its version): a second copy of the weights, which only layers that take
     the "packed" path pay for."""
     kept = _panels.get(id(weight))
-    now = (weight._version, weight.data_ptr())
+    now = (version_of(weight), weight.data_ptr())
     if kept is not None and kept[0]() is weight and kept[1:3] == now:
         return kept[3]
     panels = pack_panels(weight)

@@ -7,12 +7,14 @@ against the engine's kernels), and with 2 to 128 rows it leaves much of the CPU'
 FLOP/s unused (chapter 6). Two fixes, both splitting W into one slab of output rows per core:
 
 - memwall's own kernel (`cpu_kernels.c`, where it builds): each core streams its slab once and
-  keeps a tile of 4 output rows x 3 activation rows of sums in registers;
+  keeps a tile of sums in registers (path "c"), or, for batched decode, reads a copy of W packed
+  in panels of 32 output rows and multiplies each input into 32 sums at once (path "packed");
 - otherwise, one batched matmul over the slabs, `bmm(W_slabs, x^T)`: each core streams its own
   share of the weights, and the slabs' outputs are simply stacked.
 
-W keeps the usual [out, in] layout (the slabs are a view). For many rows (prefill) `F.linear` is
-the usual winner, and on a GPU it is always used. Which of "c", "bmm" and "linear" a layer takes
+W keeps the usual [out, in] layout (the slabs are a view; the panels a copy made only if the
+layer runs on them). For many rows (prefill) `F.linear` is the usual winner, and on a GPU it is
+always used. Which of "c", "packed", "bmm" and "linear" a layer takes
 for a given number of rows is measured once per machine (`engine/cpu/paths.py`): machines
 disagree about it. `run(path, x)` computes through one named path.
 """
@@ -30,6 +32,12 @@ from memwall.engine.cpu import paths as kernel_paths
 # the row split on the course CPU (SmolLM2-135M's shapes: the split was ahead up to 128 rows).
 MAX_SPLIT_ROWS = 256
 FORMAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# The "packed" path reads a second copy of the weights, packed in panels, so it is offered where
+# it pays: batched decode, and only to the fast decode step, so that the readable engine keeps one
+# copy of its weights (chapter 6's batches on the readable engine peaked at 1.94 GB with it, 1.40
+# without, against Binder's 1.5 GB target). With 1-4 rows the row-major kernel already streams as
+# fast (0.96-1.0x the time on a 2-core Zen 5).
+PACKED_ROWS = (5, 64)
 
 
 def default_splits(device) -> int:
@@ -100,9 +108,18 @@ class Linear(nn.Module):
         if x.device.type != "cpu" or x.shape[-1] != self.in_features:
             return ("linear",)  # F.linear also raises the usual error for a wrong width
         c = ("c",) if cpu_kernels.fp32_fits(x, self.weight) else ()
-        packed = ("packed",) if cpu_kernels.packed_fits(x, self.weight) else ()
         bmm = ("bmm",) if self.splits > 1 and x.dtype == self.weight.dtype else ()
-        return (*c, *packed, *bmm, "linear")
+        return (*c, *bmm, "linear")
+
+    def step_paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
+        """The paths for the fast decode step (cpu/fast_decode.py): paths_for's, and "packed"
+        for batched decode's row counts (PACKED_ROWS)."""
+        rows = x.numel() // max(x.shape[-1], 1)
+        packed = PACKED_ROWS[0] <= rows <= PACKED_ROWS[1] and cpu_kernels.packed_fits(
+            x, self.weight
+        )
+        options = self.paths_for(x)
+        return (options[0], "packed", *options[1:]) if packed and "c" in options else options
 
     def kernel_key(self) -> tuple[str, str]:
         fmt = FORMAT_NAMES.get(self.weight.dtype, str(self.weight.dtype))

@@ -79,16 +79,16 @@ class _Matmul:
 
     def __init__(self, layer, x: torch.Tensor, y: torch.Tensor, matmul_id: int):
         self.layer, self.x, self.y = layer, x, y
-        self.path = kernel_paths.choose(layer, x)
+        self.path = kernel_paths.choose(layer, x, fast_step=True)
         self.spec = matmul_spec(layer, self.path, matmul_id)
         # The "packed" path reads a copy of the weights: it is kept alive with the spec that
         # points to it, and an in-place change of the weights (a new version) makes it stale.
         packed = self.spec.kind == MatmulSpec.FP32_PACKED
         self.panels = cpu_kernels.panels_of(layer.weight) if packed else None
-        self.version = layer.weight._version if packed else None
+        self.version = cpu_kernels.version_of(layer.weight) if packed else None
 
     def stale(self) -> bool:
-        return self.panels is not None and self.layer.weight._version != self.version
+        return self.panels is not None and cpu_kernels.version_of(self.layer.weight) != self.version
 
     def run_elsewhere(self) -> None:
         self.y.copy_(self.layer.run(self.path, self.x[None])[0])

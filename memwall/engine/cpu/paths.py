@@ -11,9 +11,9 @@ kernels' source hash. A choice timed while other work kept the cores busy is use
 but not kept: on two shared cores, one stalled thread can make the best path look like the worst.
 
 The candidates (a layer lists the ones that can take a given input):
-  fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear),
-                    and for fp32 "packed" (C, on a copy of the weights packed in panels, which
-                    a layer makes only if it takes this path)
+  fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear);
+                    the fast decode step's batches also "packed" for fp32 (C, on a copy of the
+                    weights packed in panels, made only for a layer that takes this path)
   int8, int4:       "c" (C, a few rows at a time), "c_many" (C, chunks of dequantized weights),
                     and for int8 "c_row" (C, one row of codes at a time),
                     "torch" (PyTorch's packed kernels, bf16 activations), "dequant" (reference)
@@ -99,25 +99,31 @@ def fixed_path(fmt: str, rows: int, options: tuple[str, ...]) -> str:
     return next((path for path in order if path in options), options[-1])
 
 
-def choose(layer, x: torch.Tensor) -> str:
-    """The path `layer` should take for input x [..., in]."""
+def choose(layer, x: torch.Tensor, fast_step: bool = False) -> str:
+    """The path `layer` should take for input x [..., in]; with `fast_step`, among the paths the
+    fast decode step offers too (a layer's `step_paths_for`)."""
     rows = x.numel() // max(x.shape[-1], 1)
     spec = os.environ.get(ENV)
     key = (layer.kernel_key(), rows, x.dtype, x.device.type, cpu_kernels._switched_off, spec)
+    key += (fast_step,)
     path = _memo.get(key)
     if path is None:
-        path = _memo[key] = _decide(layer, x, rows, parse_pins(spec))
+        path = _memo[key] = _decide(layer, x, rows, parse_pins(spec), fast_step)
     return path
 
 
-def _decide(layer, x, rows, pins) -> str:
+def _decide(layer, x, rows, pins, fast_step=False) -> str:
     options = layer.paths_for(x)
+    if fast_step and hasattr(layer, "step_paths_for"):
+        options = layer.step_paths_for(x)
     fmt = layer.kernel_key()[0]
     if len(options) == 1 or x.device.type != "cpu" or pins == "fixed":
         return fixed_path(fmt, rows, options)
     if isinstance(pins, dict) and fmt in pins:
         return pins[fmt] if pins[fmt] in options else fixed_path(fmt, rows, options)
     name = _decision_name(layer, x, rows)
+    if options != layer.paths_for(x):  # more candidates than the readable engine's: kept apart
+        name += ":step"
     decisions = _decisions()
     if decisions.get(name) not in options:
         decisions[name] = _measure(layer, x, bucket(rows), options)
@@ -296,8 +302,9 @@ def chosen_paths() -> dict:
     """For `memwall info`: the machine key, any pins, and the path per format, shape and rows."""
     per_format: dict[str, dict[str, str]] = {}
     for name, path in sorted(_decisions().items()):
-        fmt, shape, dtype, rows = name.split(":")
-        per_format.setdefault(fmt, {})[f"{shape} {dtype} <= {rows} rows"] = path
+        fmt, shape, dtype, rows, *step = name.split(":")
+        where = " (fast step)" if step else ""
+        per_format.setdefault(fmt, {})[f"{shape} {dtype} <= {rows} rows{where}"] = path
     return {
         "machine": machine_key(),
         "pinned": os.environ.get(ENV) or None,
