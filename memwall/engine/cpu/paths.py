@@ -51,7 +51,7 @@ PATHS = {
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
-METHOD = 4  # how _measure times paths; a new way of timing must not reuse the old choices
+METHOD = 5  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
 C_PATHS = (
     "c",
