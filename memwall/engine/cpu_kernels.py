@@ -180,10 +180,15 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor
             f"fp32_linear needs out % 4 == 0 and in % 8 == 0, got {out_features}x{in_features}"
         )
     x = _check(x, in_features, out_features, weight=(weight, torch.float32, tuple(weight.shape)))
+    return _run_fp32((lib or library()).fp32_linear, x, weight, in_features, out_features)
+
+
+def _run_fp32(kernel, x, weights, in_features: int, out_features: int) -> torch.Tensor:
+    """kernel(x, weights, y, rows, in, out, threads) into a new y [..., out]."""
     rows, out = _output(x, out_features)
-    (lib or library()).fp32_linear(
+    kernel(
         x.data_ptr(),
-        weight.data_ptr(),
+        weights.data_ptr(),
         out.data_ptr(),
         rows,
         in_features,
@@ -234,17 +239,7 @@ def fp32_packed_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch
     panels = panels_of(weight)
     shape = (-(-out_features // PANEL), in_features, PANEL)
     x = _check(x, in_features, out_features, panels=(panels, torch.float32, shape))
-    rows, out = _output(x, out_features)
-    (lib or library()).fp32_packed_linear(
-        x.data_ptr(),
-        panels.data_ptr(),
-        out.data_ptr(),
-        rows,
-        in_features,
-        out_features,
-        torch.get_num_threads(),
-    )
-    return out
+    return _run_fp32((lib or library()).fp32_packed_linear, x, panels, in_features, out_features)
 
 
 def fp32_flops(repeats: int = 3) -> float | None:
