@@ -53,13 +53,8 @@ PATHS = {
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
 METHOD = 5  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
-C_PATHS = (
-    "c",
-    "packed",
-    "c_row",
-    "c_many",
-    "w8a8",
-)  # the fast decode step runs these without Python
+# the fast decode step runs these without Python
+C_PATHS = ("c", "packed", "c_row", "c_many", "w8a8")
 APPROXIMATE = ("w8a8",)  # paths taken only when pinned
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
@@ -104,8 +99,8 @@ def choose(layer, x: torch.Tensor, fast_step: bool = False) -> str:
     fast decode step offers too (a layer's `step_paths_for`)."""
     rows = x.numel() // max(x.shape[-1], 1)
     spec = os.environ.get(ENV)
-    key = (layer.kernel_key(), rows, x.dtype, x.device.type, cpu_kernels._switched_off, spec)
-    key += (fast_step,)
+    switched_off = cpu_kernels._switched_off
+    key = (layer.kernel_key(), rows, x.dtype, x.device.type, switched_off, spec, fast_step)
     path = _memo.get(key)
     if path is None:
         path = _memo[key] = _decide(layer, x, rows, parse_pins(spec), fast_step)
@@ -113,16 +108,15 @@ def choose(layer, x: torch.Tensor, fast_step: bool = False) -> str:
 
 
 def _decide(layer, x, rows, pins, fast_step=False) -> str:
-    options = layer.paths_for(x)
-    if fast_step and hasattr(layer, "step_paths_for"):
-        options = layer.step_paths_for(x)
+    step = fast_step and hasattr(layer, "step_paths_for")
+    options = layer.step_paths_for(x) if step else layer.paths_for(x)
     fmt = layer.kernel_key()[0]
     if len(options) == 1 or x.device.type != "cpu" or pins == "fixed":
         return fixed_path(fmt, rows, options)
     if isinstance(pins, dict) and fmt in pins:
         return pins[fmt] if pins[fmt] in options else fixed_path(fmt, rows, options)
     name = _decision_name(layer, x, rows)
-    if options != layer.paths_for(x):  # more candidates than the readable engine's: kept apart
+    if step and options != layer.paths_for(x):  # more candidates than the readable engine's
         name += ":step"
     decisions = _decisions()
     if decisions.get(name) not in options:
