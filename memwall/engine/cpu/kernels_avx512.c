@@ -147,7 +147,8 @@ static inline __attribute__((always_inline)) void fp32_panel_tile(const float *x
 }
 
 /* 12 rows at a time, then 8, 4, 2 and 1 (each row count a constant, so the loops unroll). At 16
- * rows 12 + 4 beat 8 + 8 and a single tile of 16 against one 16-output half of the panel. */
+ * rows, streamed, 12 + 4 took 0.71-0.80x the 4x4 tile's time and 8 + 8 0.76-0.80x; panels 16
+ * wide (one register x 16 rows) streamed as fast but computed 1.1x slower from cache. */
 void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
                         long out, int threads) {
     #pragma omp parallel for num_threads(threads) schedule(static)
