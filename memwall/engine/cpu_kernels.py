@@ -101,26 +101,25 @@ def quant_fits(x: torch.Tensor, in_features: int) -> bool:
     )
 
 
-def fp32_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `fp32_linear` can take x [..., in] against this weight [out, in]."""
+def packed_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fp32_packed_linear` can take x [..., in] against this weight [out, in] (any
+    shape: it reads its own packed copy)."""
     return (
         x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
-        and weight.is_contiguous()
         and not (x.requires_grad or weight.requires_grad)
-        and weight.shape[0] % 4 == 0
-        and weight.shape[1] % 8 == 0
         and available()
     )
 
 
-def packed_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `fp32_packed_linear` can take x [..., in] against this weight [out, in]."""
+def fp32_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fp32_linear` can take x [..., in] against this weight [out, in]: packed_fits, on
+    the weight itself, so contiguous and of a shape its tiles cover."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not (x.requires_grad or weight.requires_grad)
-        and available()
+        weight.is_contiguous()
+        and weight.shape[0] % 4 == 0
+        and weight.shape[1] % 8 == 0
+        and packed_fits(x, weight)
     )
 
 
@@ -235,7 +234,7 @@ def panels_of(weight: torch.Tensor) -> torch.Tensor:
 def fp32_packed_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T -> [..., out], all fp32, on the weight's panels."""
     out_features, in_features = weight.shape
-    check_width(x, in_features, out_features)
+    check_width(x, in_features, out_features)  # before packing: a wrong input costs no copy
     panels = panels_of(weight)
     shape = (-(-out_features // PANEL), in_features, PANEL)
     x = _check(x, in_features, out_features, panels=(panels, torch.float32, shape))
