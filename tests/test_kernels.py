@@ -128,7 +128,8 @@ def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in
     "out_features, in_features", [(4, 8), (7, 5), (33, 40), (40, 37), (64, 200), (96, 576)]
 )
 def test_packed_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in_features):
-    """Any width (the last panel is partly padding), and every tile (12, 8, 4, 2 and 1 rows)."""
+    """Any width (the last panel is partly padding), and every tile (AVX-512: 12, 8, 4, 2 and 1
+    rows; AVX2: 3, 2 and 1)."""
     lib = cpu_kernels.variant_library(variant)
     weight = seeded(out_features, in_features)
     for rows in [*ROWS, 12, 15, 16, 29]:
@@ -591,6 +592,7 @@ def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():
     assert (copies - 1) * 576 * 960 * 4 < max(64 << 20, 2 * paths.last_level_cache_bytes())
     if os.path.exists("/sys/devices/system/cpu/cpu0/cache/index0/size"):
         assert paths.last_level_cache_bytes() >= 1 << 20
+    assert paths._copies_to_overflow(Linear(8, 8)) == paths.MAX_COPIES  # a toy layer: capped
 
 
 def test_a_calibration_copy_holds_only_its_layers_weights():

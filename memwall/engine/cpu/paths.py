@@ -225,11 +225,19 @@ def _copy_of(layer):
     return copy_with(layer, lambda t: t.detach().clone())
 
 
+# A layer so small that it needs more copies than this (under 64 KiB with a 32 MiB cache) reads
+# its weights in about a microsecond, less than a Python call costs, so where they come from
+# hardly moves its samples. Without the cap such layers (tests' toy models) took 4-30 s each to
+# calibrate on a 2-core Zen 3, mostly in Python calls: 21 minutes for the test suite's shapes.
+MAX_COPIES = 1024
+
+
 def _copies_to_overflow(layer) -> int:
-    """How many copies of `layer` fill twice the last-level cache, and no less than 64 MiB."""
+    """How many copies of `layer` fill twice the last-level cache, and no less than 64 MiB (at
+    most MAX_COPIES)."""
     tensors = [*layer.parameters(), *layer.buffers()]
     size = sum(t.numel() * t.element_size() for t in tensors) or 1
-    return max(1, -(-max(2 * last_level_cache_bytes(), 64 << 20) // size))
+    return min(MAX_COPIES, max(1, -(-max(2 * last_level_cache_bytes(), 64 << 20) // size)))
 
 
 # ---- the decisions on disk, keyed by this machine -------------------------------------------------
