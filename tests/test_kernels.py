@@ -132,7 +132,7 @@ def test_packed_fp32_kernel_of_every_variant_matches_f_linear(variant, out_featu
     rows; AVX2: 3, 2 and 1)."""
     lib = cpu_kernels.variant_library(variant)
     weight = seeded(out_features, in_features)
-    for rows in [*ROWS, 12, 15, 16, 29]:
+    for rows in [*ROWS, 12, 15, 16, 29, 70]:
         x = seeded(rows, in_features, seed=rows)
         batched = cpu_kernels.fp32_packed_linear(x, weight, lib=lib)
         assert close(batched, (x.double() @ weight.double().t()).float())
