@@ -86,7 +86,7 @@ test: $(STAMP) browser sandbox lint test-paths
 # of every format appears in one of the pin lists), paths measured, the C kernels switched off,
 # and each C variant pinned (one this CPU cannot run leaves the kernels off, and their tests
 # skip). The full run above uses the fixed rule. The dequant line pins the float formats too, so
-# that only `auto` times paths: about 4 minutes on 2 cores, 6 where no choice is cached yet.
+# that only `auto` times paths: 4-6 minutes on 2 cores (5 on a Zen 3 with no choice cached).
 ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py speculative.py \
     kv_heads.py kv_quant.py paged_cache.py gguf_q4.py)
 KERNEL_SETTINGS := \
