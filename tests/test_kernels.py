@@ -595,6 +595,19 @@ def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():
     assert paths._copies_to_overflow(Linear(8, 8)) == paths.MAX_COPIES  # a toy layer: capped
 
 
+def test_a_layer_bound_by_arithmetic_is_timed_over_fewer_copies():
+    """A layer that streams its weights from cache slower than SLOW_MEMORY (prefill's many rows)
+    is timed over copies that last as long as a memory-bound layer's; a faster one over all."""
+    from memwall.engine.cpu import paths
+
+    layer = Linear(576, 960)
+    size, overflow = 576 * 960 * 4, paths._copies_to_overflow(layer)
+    assert paths._copies_for(layer, size / 20e9) == overflow  # 20 GB/s from cache
+    quarter = paths._copies_for(layer, size / (paths.SLOW_MEMORY / 4))
+    assert overflow / 4 <= quarter <= overflow / 4 + 1
+    assert paths._copies_for(layer, 10.0) == 1
+
+
 def test_a_calibration_copy_holds_only_its_layers_weights():
     """A layer whose weight is a view into a larger buffer (as a model loaded into one allocation
     would be) is copied by its own elements, not by the whole buffer."""

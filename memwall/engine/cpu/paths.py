@@ -5,7 +5,7 @@ of activation rows and the weight format (one 2-core EPYC with AVX2 and a Zen 5 
 disagreed on every one of these). So the first time a layer of a given format and shape meets a
 given bucket of rows, the candidates are timed on its real weights, read from memory as decode
 reads them and called as the fast decode step calls them (memwall's C kernels from C, PyTorch's
-paths through Python), about a second for the whole model, with a message on stderr; the fastest is
+paths through Python), a few seconds for the whole model, with a message on stderr; the fastest is
 kept, on disk, under a key for this machine: CPU model, ISA flags, threads, torch version and the
 kernels' source hash. A choice timed while other work kept the cores busy is used by this process
 but not kept: on two shared cores, one stalled thread can make the best path look like the worst.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -51,7 +52,7 @@ PATHS = {
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
-METHOD = 5  # how _measure times paths; a new way of timing must not reuse the old choices
+METHOD = 6  # how _measure times paths; a new way of timing must not reuse the old choices
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
 # the fast decode step runs these without Python
 C_PATHS = ("c", "packed", "c_row", "c_many", "w8a8")
@@ -160,17 +161,17 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     # overflow the caches, one after the other, as decode runs layers.
     # Copies only, not the layer itself: a path that packs a copy of its weights on first use
     # ("packed") leaves the layer as it was unless it is chosen.
-    copies = [_copy_of(layer) for _ in range(_copies_to_overflow(layer))]
+    copies = [_copy_of(layer)]
     times = {path: [] for path in candidates}
     with torch.inference_mode():
         for path in candidates:
             copies[0].run(path, sample)  # warm-up: lazy packing, first-call costs
+        from_cache = min(_seconds(_calls(copies, path, sample)) for path in candidates)
+        copies += [_copy_of(layer) for _ in range(_copies_for(layer, from_cache) - 1)]
         runs = {path: _calls(copies, path, sample) for path in candidates}
         for _ in range(5):
             for path in candidates:
-                start = time.perf_counter()
-                runs[path]()
-                times[path].append(time.perf_counter() - start)
+                times[path].append(_seconds(runs[path]))
     # Each path against the fixed rule's path in the same round, as a ratio of times: the rounds
     # alternate the paths, so a change of the machine's bandwidth between rounds (this VM's jumps
     # by 1.7x) cancels out, where the fastest of each path's samples could come from different
@@ -187,6 +188,12 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     if usual in ratio and ratio[fastest] > CLEAR_WIN:
         return usual
     return fastest
+
+
+def _seconds(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 def _calls(layers, path: str, sample: torch.Tensor):
@@ -235,9 +242,33 @@ MAX_COPIES = 1024
 def _copies_to_overflow(layer) -> int:
     """How many copies of `layer` fill twice the last-level cache, and no less than 64 MiB (at
     most MAX_COPIES)."""
-    tensors = [*layer.parameters(), *layer.buffers()]
-    size = sum(t.numel() * t.element_size() for t in tensors) or 1
+    size = _weight_bytes(layer)
     return min(MAX_COPIES, max(1, -(-max(2 * last_level_cache_bytes(), 64 << 20) // size)))
+
+
+def _weight_bytes(layer) -> int:
+    tensors = [*layer.parameters(), *layer.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors) or 1
+
+
+# A sample reads its weights from memory so that memory's time is in it. A call that runs slower
+# from cache than its weights would stream from even a slow memory spends its time in arithmetic
+# (many rows: prefill), and copies that overflow the caches barely move it; the copies that fill
+# as long a sample as a memory-bound layer's are enough. (With every copy, SmolLM2's int4 layers
+# at 256 rows took 13-16 s each to time on a 2-core Zen 3.)
+SLOW_MEMORY = 2e9  # bytes/s, below any machine's memory bandwidth
+
+
+def _copies_for(layer, seconds_from_cache: float) -> int:
+    """The copies a sample runs through, one call taking `seconds_from_cache` from cache: all
+    that overflow the caches when the layer streams faster than SLOW_MEMORY, else fewer."""
+    copies, from_cache = (
+        _copies_to_overflow(layer),
+        _weight_bytes(layer) / max(seconds_from_cache, 1e-9),
+    )
+    if from_cache < SLOW_MEMORY:
+        copies = math.ceil(copies * from_cache / SLOW_MEMORY)
+    return copies
 
 
 # ---- the decisions on disk, keyed by this machine -------------------------------------------------
