@@ -85,9 +85,10 @@ test: $(STAMP) browser sandbox lint test-paths
 # The engine's tests (not the slow ones) once per kernel setting: each path pinned (every path
 # of every format appears in one of the pin lists), paths measured, the C kernels switched off,
 # and each C variant pinned (one this CPU cannot run leaves the kernels off, and their tests
-# skip; the variant this CPU uses anyway is not run twice). The full run above uses the fixed rule
-# and runs the tests that compile the kernels, which no setting changes. The dequant line pins the
-# float formats too, so that only `auto` times paths: 2.5 minutes on a 2-core Zen 3.
+# skip; the variant this CPU uses anyway is not run twice). The full run above uses the fixed
+# rule, and runs the tests marked `once` (compiling, sampling statistics: no setting changes
+# them). The dequant line pins the float formats too, so that only `auto` times paths.
+# About 7 minutes on a 2-core Zen 3.
 ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py speculative.py \
     kv_heads.py kv_quant.py paged_cache.py gguf_q4.py)
 KERNEL_SETTINGS := \
@@ -107,7 +108,7 @@ test-paths: $(STAMP)
 	        echo "== $$setting: skipped, the variant in use here (every other setting runs it)"; continue; \
 	    fi; \
 	    echo "== $$setting"; \
-	    env $$setting $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not compiles" \
+	    env $$setting $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not once" \
 	        $(ENGINE_TESTS); \
 	done
 

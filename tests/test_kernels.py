@@ -330,7 +330,7 @@ def fake_compiler(tmp_path, version: str) -> str:
 
 
 @needs_cpu_kernels
-@pytest.mark.compiles
+@pytest.mark.once
 def test_the_build_retries_without_openmp_and_keys_on_the_compiler(monkeypatch, tmp_path):
     from memwall.engine.cpu import build
 
@@ -346,7 +346,7 @@ def test_the_build_retries_without_openmp_and_keys_on_the_compiler(monkeypatch, 
     assert build.build("portable") != first  # a new compiler version builds afresh
 
 
-@pytest.mark.compiles
+@pytest.mark.once
 def test_build_kernels_command_reports_each_variant(capsys, monkeypatch, tmp_path):
     import json
 

@@ -188,6 +188,7 @@ def p_values(counts, exact):
 FIRST = 0  # the one-token prompt
 
 
+@pytest.mark.once  # the sampling rule's statistics, the same on every kernel path
 @pytest.mark.parametrize("name", SAMPLINGS)
 def test_sampled_tokens_follow_the_target_distribution(toy_pair, name):
     target, draft = toy_pair
@@ -210,6 +211,7 @@ def resample_from_target(p, q, guesses, generator=None):
     return n, int(torch.multinomial(p[n], 1, generator=generator))
 
 
+@pytest.mark.once
 @pytest.mark.parametrize(
     "broken_rule", [always_accept, resample_from_target], ids=lambda f: f.__name__
 )
@@ -223,6 +225,7 @@ def test_the_statistical_test_catches_a_broken_acceptance_rule(toy_pair, broken_
     assert min(p_values(counts, exact)) < 1e-6
 
 
+@pytest.mark.once
 def test_exact_rule_on_a_toy_distribution_reproduces_p():
     p = torch.tensor(
         [[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]]
