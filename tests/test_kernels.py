@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from memwall.engine import cpu_kernels
+from memwall.engine.cpu import calibrate
 from memwall.engine.linear import Linear
 from memwall.engine.quant import Int4Linear, Int8Linear
 
@@ -515,7 +516,7 @@ def test_calibration_runs_c_paths_from_c_and_others_through_python(monkeypatch, 
         through_python = []
         monkeypatch.setattr(layer, "run", lambda path, x, seen=through_python: seen.append(path))
         for path in expected:
-            result = paths._calls([layer], path, x)()
+            result = calibrate._calls([layer], path, x)()
             if path in paths.C_PATHS:
                 assert torch.equal(result, expected[path]), (layer, path)
         assert set(through_python) == set(expected) - set(paths.C_PATHS), layer
@@ -527,7 +528,7 @@ def test_calibration_times_copies_and_leaves_the_layer_unpacked(monkeypatch, tmp
     """Timing the "packed" path packs the copies it times; the layer itself gets a packed copy
     of its weights only when it runs on that path."""
     with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
-        monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 2)
+        monkeypatch.setattr(calibrate, "copies_to_overflow", lambda layer: 2)
         layer, x = layers_of_every_format()["fp32"], seeded(6, 64)
         assert "packed" not in layer.paths_for(x)  # the readable engine keeps one copy
         assert "packed" in layer.step_paths_for(x)
@@ -568,14 +569,14 @@ def test_another_path_replaces_the_fixed_one_only_when_clearly_faster(
     monkeypatch, tmp_path, bmm_seconds, expected
 ):
     with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
-        monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 1)
+        monkeypatch.setattr(calibrate, "copies_to_overflow", lambda layer: 1)
         layer = TimedPaths({"c": 10e-3, "bmm": bmm_seconds, "linear": 30e-3})
         assert paths.choose(layer, seeded(1, 8)) == expected
 
 
 def test_the_approximate_path_is_never_measured_only_pinned(monkeypatch, tmp_path):
     with measured_paths(monkeypatch, tmp_path, busy=False) as paths:
-        monkeypatch.setattr(paths, "_copies_to_overflow", lambda layer: 1)
+        monkeypatch.setattr(calibrate, "copies_to_overflow", lambda layer: 1)
         layer = TimedPaths({"c": 1e-3, "w8a8": 1e-4, "linear": 3e-3})  # w8a8 the fastest
         assert paths.choose(layer, seeded(1, 8)) == "c"
         monkeypatch.setenv(paths.ENV, "int8:w8a8")
@@ -586,41 +587,35 @@ def test_the_approximate_path_is_never_measured_only_pinned(monkeypatch, tmp_pat
 
 
 def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():
-    from memwall.engine.cpu import paths
-
     layer = Linear(576, 960)
-    copies = paths._copies_to_overflow(layer)
+    copies = calibrate.copies_to_overflow(layer)
     assert copies * 576 * 960 * 4 >= 64 << 20
-    assert (copies - 1) * 576 * 960 * 4 < max(64 << 20, 2 * paths.last_level_cache_bytes())
+    assert (copies - 1) * 576 * 960 * 4 < max(64 << 20, 2 * calibrate.last_level_cache_bytes())
     if os.path.exists("/sys/devices/system/cpu/cpu0/cache/index0/size"):
-        assert paths.last_level_cache_bytes() >= 1 << 20
-    assert paths._copies_to_overflow(Linear(8, 8)) == paths.MAX_COPIES  # a toy layer: capped
+        assert calibrate.last_level_cache_bytes() >= 1 << 20
+    assert calibrate.copies_to_overflow(Linear(8, 8)) == calibrate.MAX_COPIES  # a toy layer: capped
 
 
 def test_a_layer_bound_by_arithmetic_is_timed_over_fewer_copies():
     """A layer that streams its weights from cache slower than SLOW_MEMORY (prefill's many rows)
     is timed over copies that last as long as a memory-bound layer's; a faster one over all."""
-    from memwall.engine.cpu import paths
-
     layer = Linear(576, 960)
-    size, overflow = 576 * 960 * 4, paths._copies_to_overflow(layer)
-    assert paths._copies_for(layer, size / 20e9) == overflow  # 20 GB/s from cache
-    quarter = paths._copies_for(layer, size / (paths.SLOW_MEMORY / 4))
+    size, overflow = 576 * 960 * 4, calibrate.copies_to_overflow(layer)
+    assert calibrate.copies_for(layer, size / 20e9) == overflow  # 20 GB/s from cache
+    quarter = calibrate.copies_for(layer, size / (calibrate.SLOW_MEMORY / 4))
     assert overflow / 4 <= quarter <= overflow / 4 + 1
-    assert paths._copies_for(layer, 10.0) == 1
+    assert calibrate.copies_for(layer, 10.0) == 1
 
 
 def test_a_calibration_copy_holds_only_its_layers_weights():
     """A layer whose weight is a view into a larger buffer (as a model loaded into one allocation
     would be) is copied by its own elements, not by the whole buffer."""
-    from memwall.engine.cpu import paths
-
     buffer = torch.randn(4 * 64 * 32)
     layer = Linear(32, 64)
     layer.weight = torch.nn.Parameter(
         buffer[64 * 32 : 2 * 64 * 32].view(64, 32), requires_grad=False
     )
-    twin = paths._copy_of(layer)
+    twin = calibrate.copy_of(layer)
     assert twin.weight.untyped_storage().nbytes() == 64 * 32 * 4
     assert (
         torch.equal(twin.weight, layer.weight) and twin.weight.data_ptr() != layer.weight.data_ptr()
