@@ -3,12 +3,13 @@
 A linear layer can multiply in several ways, and which is fastest depends on the CPU, the number
 of activation rows and the weight format (one 2-core EPYC with AVX2 and a Zen 5 with AVX-512
 disagreed on every one of these). So the first time a layer of a given format and shape meets a
-given bucket of rows, the candidates are timed (calibrate.py) on its real weights, read from memory as decode
-reads them and called as the fast decode step calls them (memwall's C kernels from C, PyTorch's
-paths through Python), a few seconds for the whole model, with a message on stderr; the fastest is
-kept, on disk, under a key for this machine: CPU model, ISA flags, threads, torch version and the
-kernels' source hash. A choice timed while other work kept the cores busy is used by this process
-but not kept: on two shared cores, one stalled thread can make the best path look like the worst.
+given bucket of rows, the candidates are timed (calibrate.py) on its real weights, read from
+memory as decode reads them and called as the fast decode step calls them (memwall's C kernels
+from C, PyTorch's paths through Python), a few seconds for the whole model, with a message on
+stderr; the fastest is kept, on disk, under a key for this machine: CPU model, ISA flags,
+threads, torch version and the kernels' source hash. A choice timed while other work kept the
+cores busy is used by this process but not kept: on two shared cores, one stalled thread can make
+the best path look like the worst.
 
 The candidates (a layer lists the ones that can take a given input):
   fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear);
@@ -50,7 +51,7 @@ PATHS = {
     "int4": ("c", "c_many", "torch", "dequant"),
 }
 BUCKETS = (1, 4, 16, 64, 256, 512)  # rows are timed at the bucket's top; more than 512 -> 512
-METHOD = 6  # how _measure times paths; a new way of timing must not reuse the old choices
+METHOD = 6  # how calibrate.py times paths; a new way of timing must not reuse the old choices
 APPROXIMATE = ("w8a8",)  # paths taken only when pinned
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
@@ -137,8 +138,8 @@ def _decision_name(layer, x, rows) -> str:
 
 
 def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
-    """Time each option on `rows` random rows through `layer`'s real weights, with the weights
-    out of the caches, as decode meets them; the fastest."""
+    """The fastest of `options` at `rows` rows (calibrate.fastest), with a notice the first time
+    this process measures."""
     global _announced
     if not _announced:
         print(
