@@ -360,8 +360,8 @@ static inline __attribute__((always_inline)) void int4_blocked_tile(
  * An entry of its own beside common.h's, with the block size a constant inside the OpenMP loop:
  * moved into a function that common.h's entry calls with 32 and 64, the loop became one OpenMP
  * body for both sizes, the size a run-time value in the tile, and the int4 fast step took
- * 1.36-1.39x the time at batch 1 (Zen 3). kernels_avx512.c's int4_blocked_rows512 is called that
- * way (one outlined body in its build too; not timed, there is no AVX-512 CPU here). */
+ * 1.36-1.39x the time at batch 1 (Zen 3). kernels_avx512.c's entry had been built that way, and
+ * its int4 fast step took 1.5-1.9x the time at 2-16 rows (Zen 5). */
 int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                         long rows, long in, long out, long group, long block, int threads) {
     float *x_sums = group_sums(x, rows, in, group);

@@ -427,26 +427,9 @@ static void int4_b64_one_row(const float *x, const float *x_sums, const uint8_t 
     _mm512_storeu_ps(y + o + 48, t3);
 }
 
-static inline __attribute__((always_inline)) void int4_blocked_rows512(
-    const float *x, const float *x_sums, const uint8_t *packed, const uint16_t *scale_zero, float *y,
-    long rows, long in, long out, long group, const int B, int threads) {
-    long groups = in / group;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o += B) {
-        const uint8_t *bytes = packed + o * (in / 2);
-        long r = 0;
-        for (; r + 2 <= rows; r += 2)
-            int4_blocked_tile512(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out,
-                                 in, out, o, group, B, 2);
-        if (r < rows && B == 64)
-            int4_b64_one_row(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in,
-                             out, o, group);
-        else if (r < rows)
-            int4_blocked_tile512(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out,
-                                 in, out, o, group, B, 1);
-    }
-}
-
+/* The block size is a constant inside the OpenMP loop: in a function called with 32 and with
+ * 64, GCC outlines one OpenMP body for both, with the size a run-time value in the tile (see
+ * cpu_kernels.c's int4_blocked_linear). */
 int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                         long rows, long in, long out, long group, long block, int threads) {
     float *x_sums = group_sums(x, rows, in, group);
@@ -454,10 +437,25 @@ int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *s
         free(x_sums);
         return -1;
     }
-    if (block == 64)
-        int4_blocked_rows512(x, x_sums, packed, scale_zero, y, rows, in, out, group, 64, threads);
-    else
-        int4_blocked_rows512(x, x_sums, packed, scale_zero, y, rows, in, out, group, 32, threads);
+    long groups = in / group;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o += block) {
+        const uint8_t *bytes = packed + o * (in / 2);
+        long r = 0;
+#define MEMWALL_INT4_ROWS(B, n)                                                                   \
+        int4_blocked_tile512(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in, \
+                             out, o, group, B, n)
+        if (block == 64) {
+            for (; r + 2 <= rows; r += 2) MEMWALL_INT4_ROWS(64, 2);
+            if (r < rows)
+                int4_b64_one_row(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out,
+                                 in, out, o, group);
+        } else {
+            for (; r + 2 <= rows; r += 2) MEMWALL_INT4_ROWS(32, 2);
+            if (r < rows) MEMWALL_INT4_ROWS(32, 1);
+        }
+#undef MEMWALL_INT4_ROWS
+    }
     free(x_sums);
     return 0;
 }
