@@ -18,7 +18,10 @@
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out);
 #define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
-#define HAS_INT4_BLOCKED_LINEAR /* below, with intrinsics */
+#define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
+static inline __attribute__((always_inline)) void int4_blocked_tile(
+    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
+    long in, long out, long o, long group, const int B, const int nr);
 #include "cpu/common.h"
 
 static inline float sum8(__m256 v) {
@@ -354,37 +357,3 @@ static inline __attribute__((always_inline)) void int4_blocked_tile(
     for (int r = 0; r < nr; r++) memcpy(y + r * out + o, total[r], B * sizeof(float));
 }
 
-/* x [rows, in] against codes in PyTorch's layout with blocks of `block` (32 with AVX2; 64 where
- * the CPU has AVX-512, one row at a time here, so that the sums fit the 16 registers); `out` a
- * multiple of `block`, `in` of `group`. Returns 0, or -1 if out of memory.
- * An entry of its own beside common.h's, with the block size a constant inside the OpenMP loop:
- * moved into a function that common.h's entry calls with 32 and 64, the loop became one OpenMP
- * body for both sizes, the size a run-time value in the tile, and the int4 fast step took
- * 1.36-1.39x the time at batch 1 (Zen 3). kernels_avx512.c's entry had been built that way, and
- * its int4 fast step took 1.5-1.9x the time at 2-16 rows (Zen 5). */
-int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
-                        long rows, long in, long out, long group, long block, int threads) {
-    float *x_sums = group_sums(x, rows, in, group);
-    if (x_sums == NULL || (block != 32 && block != 64)) {
-        free(x_sums);
-        return -1;
-    }
-    long groups = in / group;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o += block) {
-        const uint8_t *bytes = packed + o * (in / 2);
-        long r = 0;
-#define MEMWALL_INT4_ROWS(B, n)                                                                   \
-        int4_blocked_tile(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in,   \
-                          out, o, group, B, n)
-        if (block == 64) {
-            for (; r < rows; r++) MEMWALL_INT4_ROWS(64, 1);
-        } else {
-            for (; r + 2 <= rows; r += 2) MEMWALL_INT4_ROWS(32, 2);
-            if (r < rows) MEMWALL_INT4_ROWS(32, 1);
-        }
-#undef MEMWALL_INT4_ROWS
-    }
-    free(x_sums);
-    return 0;
-}

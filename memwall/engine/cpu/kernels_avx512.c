@@ -14,7 +14,10 @@
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out);
-#define HAS_INT4_BLOCKED_LINEAR /* below, with intrinsics */
+#define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
+static inline __attribute__((always_inline)) void int4_blocked_tile(
+    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
+    long in, long out, long o, long group, const int B, const int nr);
 #define HAS_W8A8_LINEAR         /* below, with VNNI where the CPU has it */
 #define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
 #include "common.h"
@@ -328,12 +331,62 @@ static inline void scale_zero16(const uint16_t *pairs, __m512 *scale, __m512 *ze
     *zero = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
+/* The decode case written out: one activation row, blocks of 64, two inputs per iteration into
+ * separate sums (the compiler keeps all of it in registers, which the general tile does not). */
+static void int4_b64_one_row(const float *x, const float *x_sums, const uint8_t *bytes,
+                             const uint16_t *scale_zero, float *y, long in, long out, long o,
+                             long group) {
+    const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+    long groups = in / group;
+    for (long g = 0; g < groups; g++) {
+        prefetch_next_scales(scale_zero, g, out, o, 64);
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (long k = g * group; k < (g + 1) * group; k += 2) {
+            const uint8_t *p = bytes + k * 32;
+            __m512i r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+            __m512i r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
+            __m512i r2 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 32)));
+            __m512i r3 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 48)));
+            __m512 xa = _mm512_set1_ps(x[k]), xb = _mm512_set1_ps(x[k + 1]);
+            a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r0, lut), xa, a0);
+            a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r1, lut), xa, a1);
+            a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r0, 4), lut), xa, a2);
+            a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r1, 4), lut), xa, a3);
+            b0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r2, lut), xb, b0);
+            b1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r3, lut), xb, b1);
+            b2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r2, 4), lut), xb, b2);
+            b3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r3, 4), lut), xb, b3);
+        }
+        const uint16_t *sz = scale_zero + (g * out + o) * 2;
+        __m512 sum_x = _mm512_set1_ps(x_sums[g]), eight = _mm512_set1_ps(8.0f), scale, zero;
+#define MEMWALL_APPLY(v, a, b, t)                                                        \
+        scale_zero16(sz + 32 * v, &scale, &zero);                                        \
+        t = _mm512_fmadd_ps(scale, _mm512_add_ps(a, b), t);                              \
+        t = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, scale, zero), sum_x, t);
+        MEMWALL_APPLY(0, a0, b0, t0)
+        MEMWALL_APPLY(1, a1, b1, t1)
+        MEMWALL_APPLY(2, a2, b2, t2)
+        MEMWALL_APPLY(3, a3, b3, t3)
+#undef MEMWALL_APPLY
+    }
+    _mm512_storeu_ps(y + o, t0);
+    _mm512_storeu_ps(y + o + 16, t1);
+    _mm512_storeu_ps(y + o + 32, t2);
+    _mm512_storeu_ps(y + o + 48, t3);
+}
+
 /* One block of B (32 or 64) output rows from o, for nr (1 or 2) activation rows. Even and odd
  * inputs go to separate sums, so that consecutive multiply-adds do not wait on each other; the
  * order of additions is the same for any nr, so a row gets the same bits alone or batched. */
-static inline __attribute__((always_inline)) void int4_blocked_tile512(
+static inline __attribute__((always_inline)) void int4_blocked_tile(
     const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
     long in, long out, long o, long group, const int B, const int nr) {
+    if (B == 64 && nr == 1) {
+        int4_b64_one_row(x, x_sums, bytes, scale_zero, y, in, out, o, group);
+        return;
+    }
     enum { V = 4 };  /* up to 64 rows: 4 vectors of 16 */
     const int nv = B / 16;
     __m512 total[2][V], part[2][2][V];  /* [row][even/odd input][vector] */
@@ -381,84 +434,6 @@ static inline __attribute__((always_inline)) void int4_blocked_tile512(
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + r * out + o + 16 * v, total[r][v]);
 }
 
-/* The decode case written out: one activation row, blocks of 64, two inputs per iteration into
- * separate sums (the compiler keeps all of it in registers, which the general tile does not). */
-static void int4_b64_one_row(const float *x, const float *x_sums, const uint8_t *bytes,
-                             const uint16_t *scale_zero, float *y, long in, long out, long o,
-                             long group) {
-    const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
-    long groups = in / group;
-    for (long g = 0; g < groups; g++) {
-        prefetch_next_scales(scale_zero, g, out, o, 64);
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (long k = g * group; k < (g + 1) * group; k += 2) {
-            const uint8_t *p = bytes + k * 32;
-            __m512i r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-            __m512i r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
-            __m512i r2 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 32)));
-            __m512i r3 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 48)));
-            __m512 xa = _mm512_set1_ps(x[k]), xb = _mm512_set1_ps(x[k + 1]);
-            a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r0, lut), xa, a0);
-            a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r1, lut), xa, a1);
-            a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r0, 4), lut), xa, a2);
-            a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r1, 4), lut), xa, a3);
-            b0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r2, lut), xb, b0);
-            b1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(r3, lut), xb, b1);
-            b2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r2, 4), lut), xb, b2);
-            b3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(r3, 4), lut), xb, b3);
-        }
-        const uint16_t *sz = scale_zero + (g * out + o) * 2;
-        __m512 sum_x = _mm512_set1_ps(x_sums[g]), eight = _mm512_set1_ps(8.0f), scale, zero;
-#define MEMWALL_APPLY(v, a, b, t)                                                        \
-        scale_zero16(sz + 32 * v, &scale, &zero);                                        \
-        t = _mm512_fmadd_ps(scale, _mm512_add_ps(a, b), t);                              \
-        t = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, scale, zero), sum_x, t);
-        MEMWALL_APPLY(0, a0, b0, t0)
-        MEMWALL_APPLY(1, a1, b1, t1)
-        MEMWALL_APPLY(2, a2, b2, t2)
-        MEMWALL_APPLY(3, a3, b3, t3)
-#undef MEMWALL_APPLY
-    }
-    _mm512_storeu_ps(y + o, t0);
-    _mm512_storeu_ps(y + o + 16, t1);
-    _mm512_storeu_ps(y + o + 32, t2);
-    _mm512_storeu_ps(y + o + 48, t3);
-}
-
-/* The block size is a constant inside the OpenMP loop: in a function called with 32 and with
- * 64, GCC outlines one OpenMP body for both, with the size a run-time value in the tile (see
- * cpu_kernels.c's int4_blocked_linear). */
-int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
-                        long rows, long in, long out, long group, long block, int threads) {
-    float *x_sums = group_sums(x, rows, in, group);
-    if (x_sums == NULL || (block != 32 && block != 64)) {
-        free(x_sums);
-        return -1;
-    }
-    long groups = in / group;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o += block) {
-        const uint8_t *bytes = packed + o * (in / 2);
-        long r = 0;
-#define MEMWALL_INT4_ROWS(B, n)                                                                   \
-        int4_blocked_tile512(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out, in, \
-                             out, o, group, B, n)
-        if (block == 64) {
-            for (; r + 2 <= rows; r += 2) MEMWALL_INT4_ROWS(64, 2);
-            if (r < rows)
-                int4_b64_one_row(x + r * in, x_sums + r * groups, bytes, scale_zero, y + r * out,
-                                 in, out, o, group);
-        } else {
-            for (; r + 2 <= rows; r += 2) MEMWALL_INT4_ROWS(32, 2);
-            if (r < rows) MEMWALL_INT4_ROWS(32, 1);
-        }
-#undef MEMWALL_INT4_ROWS
-    }
-    free(x_sums);
-    return 0;
-}
 
 /* ---- int8 weights and int8 activations with VNNI (see common.h) ------------------------------ */
 
