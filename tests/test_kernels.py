@@ -607,6 +607,19 @@ def test_a_layer_bound_by_arithmetic_is_timed_over_fewer_copies():
     assert calibrate.copies_for(layer, 10.0) == 1
 
 
+@pytest.mark.parametrize("bound_by, rounds", [("memory", 5), ("arithmetic", 3)])
+def test_a_layer_bound_by_arithmetic_is_timed_in_fewer_rounds(monkeypatch, bound_by, rounds):
+    """Five timed rounds per path when a layer streams from memory, three when it is bound by
+    arithmetic (timed over fewer copies): after a warm-up call and a call from cache each."""
+    layer = Linear(32, 64)
+    monkeypatch.setattr(calibrate, "copies_to_overflow", lambda layer: 4)
+    monkeypatch.setattr(calibrate, "copies_for", lambda layer, s: 4 if bound_by == "memory" else 2)
+    calls = []
+    monkeypatch.setattr(calibrate, "_seconds", lambda run: calls.append(run) or 1.0)
+    calibrate.fastest(layer, 32, torch.float32, 1, ["bmm", "linear"], "bmm")
+    assert len(calls) == 2 * (1 + rounds)  # two paths: one call from cache, then the rounds
+
+
 def test_a_calibration_copy_holds_only_its_layers_weights():
     """A layer whose weight is a view into a larger buffer (as a model loaded into one allocation
     would be) is copied by its own elements, not by the whole buffer."""

@@ -34,9 +34,12 @@ def fastest(layer, width: int, dtype, rows: int, candidates: list[str], usual: s
         for path in candidates:
             copies[0].run(path, sample)  # warm-up: lazy packing, first-call costs
         from_cache = min(_seconds(_calls(copies, path, sample)) for path in candidates)
-        copies += [copy_of(layer) for _ in range(copies_for(layer, from_cache) - 1)]
+        count = copies_for(layer, from_cache)
+        copies += [copy_of(layer) for _ in range(count - 1)]
         runs = {path: _calls(copies, path, sample) for path in candidates}
-        for _ in range(5):
+        # A layer bound by arithmetic (timed over fewer copies) is long to time and barely moved
+        # by the bandwidth's jumps, so three rounds rank its paths; a memory-bound one gets five.
+        for _ in range(5 if count == copies_to_overflow(layer) else 3):
             for path in candidates:
                 times[path].append(_seconds(runs[path]))
     # Each path against the fixed rule's path in the same round, as a ratio of times: the rounds
