@@ -19,9 +19,6 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
                        long n_out);
 #define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
 #define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
-static inline __attribute__((always_inline)) void int4_blocked_tile(
-    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
-    long in, long out, long o, long group, const int B, const int nr);
 #include "cpu/common.h"
 
 static inline float sum8(__m256 v) {

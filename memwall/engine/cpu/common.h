@@ -295,7 +295,12 @@ static float *group_sums(const float *x, long rows, long in, long group) {
     return sums;
 }
 
-#ifndef HAS_INT4_BLOCKED_TILE
+#ifdef HAS_INT4_BLOCKED_TILE
+/* The variant's own tile, with intrinsics, defined after this header. */
+static inline __attribute__((always_inline)) void int4_blocked_tile(
+    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
+    long in, long out, long o, long group, const int B, const int nr);
+#else
 /* One block of B output rows starting at o, for `nr` (1 or 2) activation rows. */
 static inline __attribute__((always_inline)) void int4_blocked_tile(
     const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,

@@ -15,9 +15,6 @@
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out);
 #define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
-static inline __attribute__((always_inline)) void int4_blocked_tile(
-    const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
-    long in, long out, long o, long group, const int B, const int nr);
 #define HAS_W8A8_LINEAR         /* below, with VNNI where the CPU has it */
 #define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
 #include "common.h"
@@ -433,7 +430,6 @@ static inline __attribute__((always_inline)) void int4_blocked_tile(
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + r * out + o + 16 * v, total[r][v]);
 }
-
 
 /* ---- int8 weights and int8 activations with VNNI (see common.h) ------------------------------ */
 
