@@ -607,17 +607,28 @@ def test_a_layer_bound_by_arithmetic_is_timed_over_fewer_copies():
     assert calibrate.copies_for(layer, 10.0) == 1
 
 
-@pytest.mark.parametrize("bound_by, rounds", [("memory", 5), ("arithmetic", 3)])
-def test_a_layer_bound_by_arithmetic_is_timed_in_fewer_rounds(monkeypatch, bound_by, rounds):
+@pytest.mark.parametrize(
+    "bound_by, linear_time, rounds",
+    [("memory", 2.0, 5), ("arithmetic", 2.0, 3), ("memory", 0.93, 15), ("arithmetic", 0.97, 9)],
+)
+def test_calibration_rounds(monkeypatch, bound_by, linear_time, rounds):
     """Five timed rounds per path when a layer streams from memory, three when it is bound by
-    arithmetic (timed over fewer copies): after a warm-up call and a call from cache each."""
+    arithmetic (timed over fewer copies), and three times as many for a close call (a path at
+    0.90-1.00 of the fixed rule's time); each after a warm-up call and a call from cache."""
     layer = Linear(32, 64)
     monkeypatch.setattr(calibrate, "copies_to_overflow", lambda layer: 4)
     monkeypatch.setattr(calibrate, "copies_for", lambda layer, s: 4 if bound_by == "memory" else 2)
+    # each sample is named by its path, and takes 1 s (bmm) or linear_time (linear)
+    monkeypatch.setattr(calibrate, "_calls", lambda layers, path, sample: path)
     calls = []
-    monkeypatch.setattr(calibrate, "_seconds", lambda run: calls.append(run) or 1.0)
-    calibrate.fastest(layer, 32, torch.float32, 1, ["bmm", "linear"], "bmm")
+    monkeypatch.setattr(
+        calibrate,
+        "_seconds",
+        lambda path: calls.append(path) or (linear_time if path == "linear" else 1.0),
+    )
+    winner = calibrate.fastest(layer, 32, torch.float32, 1, ["bmm", "linear"], "bmm")
     assert len(calls) == 2 * (1 + rounds)  # two paths: one call from cache, then the rounds
+    assert winner == ("linear" if linear_time < calibrate.CLEAR_WIN else "bmm")
 
 
 def test_a_calibration_copy_holds_only_its_layers_weights():
