@@ -92,7 +92,7 @@ test: $(STAMP) browser sandbox lint test-paths
 ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py speculative.py \
     kv_heads.py kv_quant.py paged_cache.py gguf_q4.py)
 KERNEL_SETTINGS := \
-    MEMWALL_KERNEL_PATH=fp32:c,bf16:bmm,fp16:bmm,int8:c,int4:c \
+    MEMWALL_KERNEL_PATH=fp32:c,bf16:c,fp16:bmm,int8:c,int4:c \
     MEMWALL_KERNEL_PATH=fp32:bmm,bf16:linear,fp16:linear,int8:c_many,int4:c_many \
     MEMWALL_KERNEL_PATH=fp32:linear,int8:torch,int4:torch \
     MEMWALL_KERNEL_PATH=fp32:c,bf16:bmm,fp16:bmm,int8:dequant,int4:dequant \

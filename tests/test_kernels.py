@@ -125,6 +125,33 @@ def test_fp32_kernel_of_every_variant_matches_f_linear(variant, out_features, in
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("out_features, in_features", [(4, 8), (7, 5), (33, 40), (96, 576)])
+def test_bf16_kernel_of_every_variant_matches_f_linear(variant, out_features, in_features):
+    """Sums in fp32 rounded once to bf16: within a bf16 rounding of the exact products' sum, and
+    each row the same bits alone as in a batch."""
+    lib = cpu_kernels.variant_library(variant)
+    weight = seeded(out_features, in_features).bfloat16()
+    for rows in ROWS:
+        x = seeded(rows, in_features, seed=rows).bfloat16()
+        batched = cpu_kernels.bf16_linear(x, weight, lib=lib)
+        exact = x.double() @ weight.double().t()
+        assert batched.dtype == torch.bfloat16
+        assert torch.allclose(batched.double(), exact, rtol=2**-8, atol=1e-3 * exact.abs().max())
+        for i in (0, rows - 1):
+            assert torch.equal(
+                cpu_kernels.bf16_linear(x[i : i + 1], weight, lib=lib)[0], batched[i]
+            )
+
+
+def test_bf16_kernel_checks_its_inputs():
+    weight = seeded(8, 32).bfloat16()
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        cpu_kernels.bf16_linear(seeded(1, 40).bfloat16(), weight)
+    with pytest.raises(TypeError, match="bf16 CPU activations"):
+        cpu_kernels.bf16_linear(seeded(1, 32), weight)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
     "out_features, in_features", [(4, 8), (7, 5), (33, 40), (40, 37), (64, 200), (96, 576)]
 )

@@ -123,6 +123,17 @@ def fp32_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def bf16_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `bf16_linear` can take x [..., in] against this weight [out, in]."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.bfloat16
+        and weight.is_contiguous()
+        and not (x.requires_grad or weight.requires_grad)
+        and available()
+    )
+
+
 def usable(x: torch.Tensor, in_features: int) -> bool:
     """quant_fits, for at most MAX_ROWS rows (the fixed rule)."""
     return x.numel() <= MAX_ROWS * in_features and quant_fits(x, in_features)
@@ -180,6 +191,31 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor
         )
     x = _check(x, in_features, out_features, weight=(weight, torch.float32, tuple(weight.shape)))
     return _run_fp32((lib or library()).fp32_linear, x, weight, in_features, out_features)
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor:
+    """x [..., in] @ weight [out, in]^T -> [..., out], all bf16 (sums in fp32)."""
+    out_features, in_features = weight.shape
+    check_width(x, in_features, out_features)
+    if not bf16_fits(x, weight):
+        raise TypeError(
+            "bf16_linear takes bf16 CPU activations and a contiguous bf16 CPU weight, got "
+            f"{x.dtype} on {x.device} and {weight.dtype} on {weight.device}"
+        )
+    x = x.contiguous()
+    rows, out = _output(x, out_features)
+    status = (lib or library()).bf16_linear(
+        x.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        rows,
+        in_features,
+        out_features,
+        torch.get_num_threads(),
+    )
+    if status:
+        raise MemoryError("bf16_linear could not allocate its scratch buffer")
+    return out
 
 
 def _run_fp32(kernel, x, weights, in_features: int, out_features: int) -> torch.Tensor:

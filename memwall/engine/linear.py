@@ -9,6 +9,7 @@ FLOP/s unused (chapter 6). Two fixes, both splitting W into one slab of output r
 - memwall's own kernel (`cpu_kernels.c`, where it builds): each core streams its slab once and
   keeps a tile of sums in registers (path "c"), or, for batched decode, reads a copy of W packed
   in panels of 32 output rows and multiplies each input into 32 sums at once (path "packed");
+  a bf16 layer's "c" is its own kernel, with bf16 weights and activations and sums in fp32;
 - otherwise, one batched matmul over the slabs, `bmm(W_slabs, x^T)`: each core streams its own
   share of the weights, and the slabs' outputs are simply stacked.
 
@@ -88,7 +89,9 @@ class Linear(nn.Module):
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
         """x W^T + b through one path: "c" (memwall's kernel), "packed" (memwall's kernel on a
         copy of W packed in panels), "bmm" (row split), "linear"."""
-        if path == "c":
+        if path == "c" and self.weight.dtype == torch.bfloat16:
+            y = cpu_kernels.bf16_linear(x, self.weight)
+        elif path == "c":
             y = cpu_kernels.fp32_linear(x, self.weight)
         elif path == "packed":
             y = cpu_kernels.fp32_packed_linear(x, self.weight)
@@ -107,7 +110,8 @@ class Linear(nn.Module):
         """The paths that can take x, for kernel_paths.choose."""
         if x.device.type != "cpu" or x.shape[-1] != self.in_features:
             return ("linear",)  # F.linear also raises the usual error for a wrong width
-        c = ("c",) if cpu_kernels.fp32_fits(x, self.weight) else ()
+        fits = cpu_kernels.fp32_fits(x, self.weight) or cpu_kernels.bf16_fits(x, self.weight)
+        c = ("c",) if fits else ()
         bmm = ("bmm",) if self.splits > 1 and x.dtype == self.weight.dtype else ()
         return (*c, *bmm, "linear")
 

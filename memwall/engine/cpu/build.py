@@ -182,6 +182,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     signatures = {
         "fp32_linear": ([pointer] * 3 + [long] * 3 + [c_int], None),
         "fp32_packed_linear": ([pointer] * 3 + [long] * 3 + [c_int], None),
+        "bf16_linear": ([pointer] * 3 + [long] * 3 + [c_int], c_int),
         "int8_linear": ([pointer] * 4 + [long] * 3 + [c_int], None),
         "int8_row_linear": ([pointer] * 4 + [long] * 3 + [c_int], None),
         "w8a8_linear": ([pointer] * 4 + [long] * 3 + [c_int], c_int),

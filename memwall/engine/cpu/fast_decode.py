@@ -42,9 +42,10 @@ def matmul_spec(layer, path: str, matmul_id: int = 0) -> MatmulSpec:
         out_features=layer.out_features,
     )
     many = path == "c_many"
-    if path == "c" and isinstance(layer, Linear):
+    fp32 = isinstance(layer, Linear) and layer.weight.dtype == torch.float32
+    if path == "c" and fp32:
         spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
-    elif path == "packed" and isinstance(layer, Linear):
+    elif path == "packed" and fp32:
         # the panels outlive the spec: panels_of keeps them while the weight lives
         spec.kind, spec.weight = MatmulSpec.FP32_PACKED, _ptr(cpu_kernels.panels_of(layer.weight))
     elif path in kernel_paths.C_PATHS and isinstance(layer, Int8Linear):

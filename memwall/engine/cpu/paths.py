@@ -45,7 +45,7 @@ from memwall.engine.cpu.calibrate import C_PATHS  # noqa: F401  (the paths the f
 ENV = "MEMWALL_KERNEL_PATH"
 PATHS = {
     "fp32": ("c", "packed", "bmm", "linear"),
-    "bf16": ("bmm", "linear"),
+    "bf16": ("c", "bmm", "linear"),
     "fp16": ("bmm", "linear"),
     "int8": ("c", "c_row", "c_many", "torch", "w8a8", "dequant"),
     "int4": ("c", "c_many", "torch", "dequant"),
