@@ -190,7 +190,7 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor
             f"fp32_linear needs out % 4 == 0 and in % 8 == 0, got {out_features}x{in_features}"
         )
     x = _check(x, in_features, out_features, weight=(weight, torch.float32, tuple(weight.shape)))
-    return _run_fp32((lib or library()).fp32_linear, x, weight, in_features, out_features)
+    return _run_float((lib or library()).fp32_linear, x, weight, in_features, out_features)
 
 
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor:
@@ -202,34 +202,20 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch.Tensor
             "bf16_linear takes bf16 CPU activations and a contiguous bf16 CPU weight, got "
             f"{x.dtype} on {x.device} and {weight.dtype} on {weight.device}"
         )
-    x = x.contiguous()
-    rows, out = _output(x, out_features)
-    status = (lib or library()).bf16_linear(
-        x.data_ptr(),
-        weight.data_ptr(),
-        out.data_ptr(),
-        rows,
-        in_features,
-        out_features,
-        torch.get_num_threads(),
+    return _run_float(
+        (lib or library()).bf16_linear, x.contiguous(), weight, in_features, out_features
     )
-    if status:
-        raise MemoryError("bf16_linear could not allocate its scratch buffer")
-    return out
 
 
-def _run_fp32(kernel, x, weights, in_features: int, out_features: int) -> torch.Tensor:
-    """kernel(x, weights, y, rows, in, out, threads) into a new y [..., out]."""
+def _run_float(kernel, x, weights, in_features: int, out_features: int) -> torch.Tensor:
+    """kernel(x, weights, y, rows, in, out, threads) into a new y [..., out] of x's dtype."""
     rows, out = _output(x, out_features)
-    kernel(
-        x.data_ptr(),
-        weights.data_ptr(),
-        out.data_ptr(),
-        rows,
-        in_features,
-        out_features,
-        torch.get_num_threads(),
-    )
+    threads = torch.get_num_threads()
+    # the fp32 kernels return nothing; bf16_linear -1 if it could not allocate its scratch
+    if kernel(
+        x.data_ptr(), weights.data_ptr(), out.data_ptr(), rows, in_features, out_features, threads
+    ):
+        raise MemoryError(f"{kernel.__name__} could not allocate its scratch buffer")
     return out
 
 
@@ -274,7 +260,7 @@ def fp32_packed_linear(x: torch.Tensor, weight: torch.Tensor, lib=None) -> torch
     panels = panels_of(weight)
     shape = (-(-out_features // PANEL), in_features, PANEL)
     x = _check(x, in_features, out_features, panels=(panels, torch.float32, shape))
-    return _run_fp32((lib or library()).fp32_packed_linear, x, panels, in_features, out_features)
+    return _run_float((lib or library()).fp32_packed_linear, x, panels, in_features, out_features)
 
 
 def fp32_flops(repeats: int = 3) -> float | None:
