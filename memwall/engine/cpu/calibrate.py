@@ -43,7 +43,8 @@ def fastest(layer, width: int, dtype, rows: int, candidates: list[str], usual: s
         ratio = _ratios(runs, usual, rounds, times)
         # A close call (another path at 0.90-1.00 of the fixed rule's time) gets twice as many
         # rounds again: a few rounds in one of the bandwidth's phases could decide it either way.
-        if any(abs(r - CLEAR_WIN) < 0.05 for path, r in ratio.items() if path != usual):
+        close = [r for path, r in ratio.items() if path != usual and abs(r - CLEAR_WIN) < 0.05]
+        if usual in ratio and close:
             ratio = _ratios(runs, usual, 2 * rounds, times)
     winner = min(candidates, key=ratio.get)
     # The fixed rule's path unless another is clearly faster: two paths within a few percent swap
@@ -56,10 +57,9 @@ def fastest(layer, width: int, dtype, rows: int, candidates: list[str], usual: s
 def _ratios(runs: dict, usual: str, rounds: int, times: dict) -> dict[str, float]:
     """Adds `rounds` rounds of samples of each path to `times`, then gives each path's median
     ratio of its time to the fixed rule's path `usual` (its median time if `usual` is not a
-    candidate). Each
-    ratio compares samples of one round: the rounds alternate the paths, so a change of the
-    machine's bandwidth between rounds (this VM's jumps by 1.7x) cancels out, where the fastest
-    of each path's samples could come from different phases."""
+    candidate). Each ratio compares samples of one round: the rounds alternate the paths, so a
+    change of the machine's bandwidth between rounds (this VM's jumps by 1.7x) cancels out, where
+    the fastest of each path's samples could come from different phases."""
     for _ in range(rounds):
         for path, run in runs.items():
             times[path].append(_seconds(run))
