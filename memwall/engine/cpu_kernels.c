@@ -17,7 +17,7 @@
 
 static void fp32_block(const float *x, const float *w, float *y, long rows, long in, long y_stride,
                        long n_out);
-#define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
+#define HAS_FP32_PANEL_ROWS     /* below, with intrinsics */
 #define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
 #include "cpu/common.h"
 
@@ -110,17 +110,8 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
     }
 }
 
-/* The "packed" path (common.h) with AVX2. Only 3 activation rows fit the 16 registers (4 x 3 sums,
- * 3 broadcasts, one weight vector), so 16 rows take 6 passes over each panel. Made over the whole
- * panel (72-192 KiB for SmolLM2), the passes after the first read it from L2, and the whole fast
- * step took 1.15-1.3x the row-major tile's time at 8 and 16 rows (2-core Zen 3). So every pass
- * covers K_BLOCK inputs (8 KiB of the panel, which then stays in L1) before the next block, and
- * the sums wait in `acc` between blocks: at 16 rows 0.71-0.78x the time of whole-panel passes,
- * and 0.89x the row-major tile's (32 inputs did as well, 128 worse). Each output's sum still runs
- * over k in order, so a row gets the same bits at any batch size. */
-#define K_BLOCK 64
-#define ROWS_AT_ONCE 64 /* acc's rows: 8 KiB on the stack */
-
+/* The "packed" path (common.h) with AVX2: only 3 activation rows fit the 16 registers (4 x 3
+ * sums, 3 broadcasts, one weight vector), so 16 rows take 6 passes over each block of a panel. */
 static inline __attribute__((always_inline)) void fp32_panel_block(const float *x, const float *p,
                                                                    float *acc, long in, long k0,
                                                                    long k1, const int nr) {
@@ -142,27 +133,12 @@ static inline __attribute__((always_inline)) void fp32_panel_block(const float *
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + r * PANEL + 8 * j, sum[r][j]);
 }
 
-void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
-                        long out, int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o += PANEL) {
-        const float *p = panels + o * in;
-        long width = out - o < PANEL ? out - o : PANEL;
-        float acc[ROWS_AT_ONCE * PANEL];
-        for (long r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
-            long n = rows - r0 < ROWS_AT_ONCE ? rows - r0 : ROWS_AT_ONCE;
-            const float *xs = x + r0 * in;
-            memset(acc, 0, n * PANEL * sizeof(float));
-            for (long k0 = 0; k0 < in; k0 += K_BLOCK) {
-                long k1 = k0 + K_BLOCK < in ? k0 + K_BLOCK : in, r = 0;
-                for (; r + 3 <= n; r += 3) fp32_panel_block(xs + r * in, p, acc + r * PANEL, in, k0, k1, 3);
-                if (n - r == 2) fp32_panel_block(xs + r * in, p, acc + r * PANEL, in, k0, k1, 2);
-                if (n - r == 1) fp32_panel_block(xs + r * in, p, acc + r * PANEL, in, k0, k1, 1);
-            }
-            for (long r = 0; r < n; r++)
-                memcpy(y + (r0 + r) * out + o, acc + r * PANEL, width * sizeof(float));
-        }
-    }
+static void fp32_panel_rows(const float *x, const float *p, float *acc, long in, long k0, long k1,
+                            long n) {
+    long r = 0;
+    for (; r + 3 <= n; r += 3) fp32_panel_block(x + r * in, p, acc + r * PANEL, in, k0, k1, 3);
+    if (n - r == 2) fp32_panel_block(x + r * in, p, acc + r * PANEL, in, k0, k1, 2);
+    if (n - r == 1) fp32_panel_block(x + r * in, p, acc + r * PANEL, in, k0, k1, 1);
 }
 
 /* fp32_tile's shape for int8 codes: each 8 codes become floats once for the tile's `nr` (1 to 3)

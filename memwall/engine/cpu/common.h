@@ -79,35 +79,61 @@ void fp32_linear(const float *x, const float *w, float *y, long rows, long in, l
 #define PANEL 32
 #define PANEL_AHEAD_FLOATS 4096 /* 16 KiB */
 
-#ifndef HAS_FP32_PACKED_LINEAR
-/* `nr` (1 or 2) activation rows against one panel, `width` of whose outputs are real. */
-static inline __attribute__((always_inline)) void fp32_panel_tile(const float *x, const float *p,
-                                                                  float *y, long in, long y_stride,
-                                                                  long width, const int nr) {
-    float acc[2][PANEL] = {{0}};
-    for (long k = 0; k < in; k++) {
+/* Passes over K_BLOCK inputs at a time: a pass covers rows of the tile's height, and 8 KiB of the
+ * panel stays in L1 for the next pass over the same inputs, the sums waiting in `acc` between
+ * blocks. Made over whole panels (72-192 KiB for SmolLM2), the passes after the first read them
+ * from L2: with AVX2's 3-row tiles the whole fast step took 1.15-1.3x the row-major tile's time
+ * at 8 and 16 rows on a Zen 3, and blocks of 64 inputs 0.71-0.78x the whole-panel passes (32
+ * did as well, 128 worse); with AVX-512's 12 + 4 rows at 16, 0.96-0.97x on a Zen 5. Each
+ * output's sum still runs over k in order, so a row gets the same bits at any batch size. */
+#define K_BLOCK 64
+#define ROWS_AT_ONCE 64 /* acc's rows: 8 KiB on the stack */
+
+/* The variant's tiles over `n` activation rows (at most ROWS_AT_ONCE), inputs k0 to k1 of one
+ * panel, each tile's sums taken from and left in acc [n][PANEL]. */
+static void fp32_panel_rows(const float *x, const float *p, float *acc, long in, long k0, long k1,
+                            long n);
+
+#ifndef HAS_FP32_PANEL_ROWS
+/* `nr` (1 or 2) rows, in plain C. */
+static inline __attribute__((always_inline)) void fp32_panel_block(const float *x, const float *p,
+                                                                   float *acc, long in, long k0,
+                                                                   long k1, const int nr) {
+    for (long k = k0; k < k1; k++) {
         __builtin_prefetch(p + k * PANEL + PANEL_AHEAD_FLOATS);
         __builtin_prefetch(p + k * PANEL + PANEL_AHEAD_FLOATS + 16);
         for (int r = 0; r < nr; r++) {
             float xk = x[r * in + k];
-            for (int j = 0; j < PANEL; j++) acc[r][j] += p[k * PANEL + j] * xk;
+            for (int j = 0; j < PANEL; j++) acc[r * PANEL + j] += p[k * PANEL + j] * xk;
         }
     }
-    for (int r = 0; r < nr; r++)
-        for (long j = 0; j < width; j++) y[r * y_stride + j] = acc[r][j];
 }
+
+static void fp32_panel_rows(const float *x, const float *p, float *acc, long in, long k0, long k1,
+                            long n) {
+    long r = 0;
+    for (; r + 2 <= n; r += 2) fp32_panel_block(x + r * in, p, acc + r * PANEL, in, k0, k1, 2);
+    if (r < n) fp32_panel_block(x + r * in, p, acc + r * PANEL, in, k0, k1, 1);
+}
+#endif
 
 void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
                         long out, int threads) {
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long o = 0; o < out; o += PANEL) {
         const float *p = panels + o * in;
-        long width = out - o < PANEL ? out - o : PANEL, r = 0;
-        for (; r + 2 <= rows; r += 2) fp32_panel_tile(x + r * in, p, y + r * out + o, in, out, width, 2);
-        if (r < rows) fp32_panel_tile(x + r * in, p, y + r * out + o, in, out, width, 1);
+        long width = out - o < PANEL ? out - o : PANEL;
+        float acc[ROWS_AT_ONCE * PANEL];
+        for (long r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
+            long n = rows - r0 < ROWS_AT_ONCE ? rows - r0 : ROWS_AT_ONCE;
+            memset(acc, 0, n * PANEL * sizeof(float));
+            for (long k0 = 0; k0 < in; k0 += K_BLOCK)
+                fp32_panel_rows(x + r0 * in, p, acc, in, k0, k0 + K_BLOCK < in ? k0 + K_BLOCK : in, n);
+            for (long r = 0; r < n; r++)
+                memcpy(y + (r0 + r) * out + o, acc + r * PANEL, width * sizeof(float));
+        }
     }
 }
-#endif
 
 static void dequantize_int8_rows(const int8_t *codes, const uint16_t *scales, long n, long in,
                                  float *dst) {

@@ -5,10 +5,7 @@
  * over the layers runs in C; a matmul that its layer runs on another path (PyTorch's) calls back
  * into Python. The order of operations is engine/layers.py's, as in decode_ops.h. */
 
-/* The variant defines these after including common.h (common.h itself, for a variant without
- * its own fp32_packed_linear). */
-void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
-                        long out, int threads);
+/* The variant defines these after including common.h. */
 void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y, long rows,
                  long in, long out, int threads);
 void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales, float *y,

@@ -16,7 +16,7 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
                        long n_out);
 #define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
 #define HAS_W8A8_LINEAR         /* below, with VNNI where the CPU has it */
-#define HAS_FP32_PACKED_LINEAR  /* below, with intrinsics */
+#define HAS_FP32_PANEL_ROWS     /* below, with intrinsics */
 #include "common.h"
 
 /* The sums of the lanes of a, b, c and d, in that order: the four reductions share their
@@ -121,15 +121,17 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
     }
 }
 
-/* The "packed" path (common.h): `nr` (1 to 12) activation rows against one panel of 32 outputs,
- * 2 x nr sums in registers; the stores keep the outputs that are real (masks lo, hi). */
-static inline __attribute__((always_inline)) void fp32_panel_tile(const float *x, const float *p,
-                                                                  float *y, long in, long y_stride,
-                                                                  __mmask16 lo, __mmask16 hi,
-                                                                  const int nr) {
+/* The "packed" path (common.h): `nr` (1 to 12) activation rows against inputs k0 to k1 of one
+ * panel of 32 outputs, 2 x nr sums in registers, taken from and left in `acc` [nr][PANEL]. */
+static inline __attribute__((always_inline)) void fp32_panel_block(const float *x, const float *p,
+                                                                   float *acc, long in, long k0,
+                                                                   long k1, const int nr) {
     __m512 acc_lo[12], acc_hi[12];
-    for (int r = 0; r < nr; r++) acc_lo[r] = acc_hi[r] = _mm512_setzero_ps();
-    for (long k = 0; k < in; k++) {
+    for (int r = 0; r < nr; r++) {
+        acc_lo[r] = _mm512_loadu_ps(acc + r * PANEL);
+        acc_hi[r] = _mm512_loadu_ps(acc + r * PANEL + 16);
+    }
+    for (long k = k0; k < k1; k++) {
         const float *pk = p + k * PANEL;
         _mm_prefetch((const char *)(pk + PANEL_AHEAD_FLOATS), _MM_HINT_T0);
         _mm_prefetch((const char *)(pk + PANEL_AHEAD_FLOATS + 16), _MM_HINT_T0);
@@ -141,30 +143,24 @@ static inline __attribute__((always_inline)) void fp32_panel_tile(const float *x
         }
     }
     for (int r = 0; r < nr; r++) {
-        _mm512_mask_storeu_ps(y + r * y_stride, lo, acc_lo[r]);
-        _mm512_mask_storeu_ps(y + r * y_stride + 16, hi, acc_hi[r]);
+        _mm512_storeu_ps(acc + r * PANEL, acc_lo[r]);
+        _mm512_storeu_ps(acc + r * PANEL + 16, acc_hi[r]);
     }
 }
 
 /* 12 rows at a time, then 8, 4, 2 and 1 (each row count a constant, so the loops unroll). At 16
  * rows, streamed, 12 + 4 took 0.71-0.80x the 4x4 tile's time and 8 + 8 0.76-0.80x; panels 16
  * wide (one register x 16 rows) streamed as fast but computed 1.1x slower from cache. */
-void fp32_packed_linear(const float *x, const float *panels, float *y, long rows, long in,
-                        long out, int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long o = 0; o < out; o += PANEL) {
-        const float *p = panels + o * in;
-        long width = out - o < PANEL ? out - o : PANEL, r = 0;
-        __mmask16 lo = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
-        __mmask16 hi = width >= 32 ? 0xFFFF : width <= 16 ? 0 : (__mmask16)((1u << (width - 16)) - 1);
-#define MEMWALL_PANEL_ROWS(n) fp32_panel_tile(x + r * in, p, y + r * out + o, in, out, lo, hi, n)
-        for (; r + 12 <= rows; r += 12) MEMWALL_PANEL_ROWS(12);
-        if (rows - r >= 8) { MEMWALL_PANEL_ROWS(8); r += 8; }
-        if (rows - r >= 4) { MEMWALL_PANEL_ROWS(4); r += 4; }
-        if (rows - r >= 2) { MEMWALL_PANEL_ROWS(2); r += 2; }
-        if (rows - r >= 1) MEMWALL_PANEL_ROWS(1);
+static void fp32_panel_rows(const float *x, const float *p, float *acc, long in, long k0, long k1,
+                            long n) {
+    long r = 0;
+#define MEMWALL_PANEL_ROWS(nr) fp32_panel_block(x + r * in, p, acc + r * PANEL, in, k0, k1, nr)
+    for (; r + 12 <= n; r += 12) MEMWALL_PANEL_ROWS(12);
+    if (n - r >= 8) { MEMWALL_PANEL_ROWS(8); r += 8; }
+    if (n - r >= 4) { MEMWALL_PANEL_ROWS(4); r += 4; }
+    if (n - r >= 2) { MEMWALL_PANEL_ROWS(2); r += 2; }
+    if (n - r >= 1) MEMWALL_PANEL_ROWS(1);
 #undef MEMWALL_PANEL_ROWS
-    }
 }
 
 static inline __m512 int8x16_to_float(const int8_t *codes) {
