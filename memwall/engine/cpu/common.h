@@ -84,7 +84,7 @@ void fp32_linear(const float *x, const float *w, float *y, long rows, long in, l
  * blocks. Made over whole panels (72-192 KiB for SmolLM2), the passes after the first read them
  * from L2: with AVX2's 3-row tiles the whole fast step took 1.15-1.3x the row-major tile's time
  * at 8 and 16 rows on a Zen 3, and blocks of 64 inputs 0.71-0.78x the whole-panel passes (32
- * did as well, 128 worse); with AVX-512's 12 + 4 rows at 16, 0.96-0.97x on a Zen 5. Each
+ * did as well, 128 worse); with AVX-512's 12 + 4 rows at 16, 0.94-0.97x on a Zen 5. Each
  * output's sum still runs over k in order, so a row gets the same bits at any batch size. */
 #define K_BLOCK 64
 #define ROWS_AT_ONCE 64 /* acc's rows: 8 KiB on the stack */
