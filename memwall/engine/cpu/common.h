@@ -127,8 +127,10 @@ void fp32_packed_linear(const float *x, const float *panels, float *y, long rows
         for (long r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
             long n = rows - r0 < ROWS_AT_ONCE ? rows - r0 : ROWS_AT_ONCE;
             memset(acc, 0, n * PANEL * sizeof(float));
-            for (long k0 = 0; k0 < in; k0 += K_BLOCK)
-                fp32_panel_rows(x + r0 * in, p, acc, in, k0, k0 + K_BLOCK < in ? k0 + K_BLOCK : in, n);
+            for (long k0 = 0; k0 < in; k0 += K_BLOCK) {
+                long k1 = k0 + K_BLOCK < in ? k0 + K_BLOCK : in;
+                fp32_panel_rows(x + r0 * in, p, acc, in, k0, k1, n);
+            }
             for (long r = 0; r < n; r++)
                 memcpy(y + (r0 + r) * out + o, acc + r * PANEL, width * sizeof(float));
         }
