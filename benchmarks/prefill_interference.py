@@ -4,7 +4,7 @@ prompt arrives, with the prompt prefilled whole and in chunks (`memwall serve --
     .venv/bin/python benchmarks/prefill_interference.py                  # 2000-token prompt
     .venv/bin/python benchmarks/prefill_interference.py --prompt-tokens 1000 --chunks 0,128,512
 
-The function behind it is memwall.serving.interference.measure_interference(engine, tokenizer).
+The function behind it is memwall.bench.interference.measure_interference(engine, tokenizer).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from memwall import models
+    from memwall.bench.interference import measure_interference
     from memwall.engine import Transformer
-    from memwall.serving.interference import measure_interference
 
     hf_model, tokenizer = models.load(args.model)
     engine = Transformer.from_hf(hf_model)

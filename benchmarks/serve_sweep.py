@@ -7,7 +7,7 @@
 Targets (issue 16; printed, never asserted): total tok/s at concurrency 8 >= 4x concurrency 1, and
 >= 70% of `memwall bench batch` at B=8 (the difference is the server's own overhead: HTTP, text,
 one prefill per arrival). Each server runs alone in its own process while it is measured; the
-load generator runs in a process of its own as well (memwall.serving.load).
+load generator runs in a process of its own as well (memwall.bench.load).
 
 `--llamacpp` installs llama-cpp-python[server] into benchmarks/.venv-llamacpp on first use (pip,
 network needed once; never part of `make test`) and serves the shipped SmolLM2 Q4_1 GGUF with

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from memwall.serving.load import run_load
+from memwall.bench.load import run_load
 from memwall.serving.server import start_server
 
 

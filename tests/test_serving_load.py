@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from serving_fixtures import tiny_server, wait_until_idle
 
+from memwall.bench.load import base_url, run_load
 from memwall.bench.serve import parse_levels, sweep
-from memwall.serving.load import base_url, run_load
 
 
 @pytest.fixture(scope="module")

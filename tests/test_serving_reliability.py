@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from serving_fixtures import ByteTokenizer, tiny_server, wait_until_idle
 
-from memwall.serving.interference import measure_interference
+from memwall.bench.interference import measure_interference
 
 REQUESTS, CONCURRENCY = 200, 16
 

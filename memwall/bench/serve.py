@@ -5,14 +5,15 @@ sweeps the number of clients and prints the latency-throughput frontier: what ea
 (tok/s of one stream, 1 / TPOT) against what the server delivers in all (total output tok/s).
 Every request's output tokens and finish reason are checked: one that stopped early is reported
 as cut short, never as ok. `--ignore-eos` asks for fixed output lengths (vLLM's extension).
-The measuring code lives in memwall.serving.load, beside the server it is tested against.
+The measuring code is memwall.bench.load; memwall.bench.interference measures prefill/decode
+interference on memwall's own server.
 """
 
 from __future__ import annotations
 
 import json
 
-from memwall.serving.load import DEFAULT_PROMPT, ENDPOINTS, run_load
+from memwall.bench.load import DEFAULT_PROMPT, ENDPOINTS, run_load
 
 
 def parse_levels(text: str) -> list[int]:
