@@ -4,7 +4,7 @@
 
 The fast step's weights stream at a fraction of what the probe (torch.sum over a buffer far
 above the last-level cache) reads. This splits that gap into steps, each timed in every round,
-interleaved, so that the VM's bandwidth phases fall on all of them alike:
+interleaved, so that a shared machine's swings in bandwidth fall on all of them alike:
 
   probe            torch.sum over the probe's buffer (the roofline the book's fractions use)
   read 1 buffer    a bare C read (integer vector adds over the bytes) of a buffer as large as
@@ -18,8 +18,10 @@ interleaved, so that the VM's bandwidth phases fall on all of them alike:
 
 Each line is reported as GB/s of the weight matrices' bytes and as a fraction of the probe of
 its round. The bare read is compiled here with the machine's compiler (-O3 -march=native
--fopenmp, so an x86 CPU with AVX-512); it is a measuring tool, not part of memwall. The JSON goes
-to benchmarks/results/batch1_stream_profile_FORMAT.json. Not a test: run it on a quiet machine.
+-fopenmp; its loads are AVX-512 intrinsics, so it needs an x86 CPU with AVX-512); it is a
+measuring tool, not part of memwall. The record goes to
+benchmarks/results/batch1_stream_profile_FORMAT-<machine id>-<date>.json (`--out` to write
+elsewhere). Not a test: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -37,12 +39,11 @@ import torch
 
 from memwall.bench import workload
 from memwall.bench.probe import RooflineProbe
+from memwall.bench.records import save_record
 from memwall.engine import Transformer
 from memwall.engine.cpu import fast_decode
 from memwall.engine.quant import quantize
 from memwall.fingerprint import machine_fingerprint
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 # Each thread reads one contiguous share of a span (as fp32_linear splits a matrix's rows),
 # with four independent sums so that the adds never wait on each other.
@@ -108,9 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=("fp32", "int8"), default="fp32")
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument(
-        "--out", type=Path, help="default: results/batch1_stream_profile_FORMAT.json"
-    )
+    parser.add_argument("--out", type=Path, help="default: a record in benchmarks/results")
     args = parser.parse_args()
 
     hf_model, _ = workload.load_model("smollm2-135m", "fp32", "cpu")
@@ -177,8 +176,6 @@ def main() -> None:
         weight_bytes / min(samples["probe"]) / 1e9,
     ]
     print(f"probe range {spread[0]:.0f}-{spread[1]:.0f} GB/s; {weight_bytes / 1e6:.0f} MB a step")
-    args.out = args.out or RESULTS / f"batch1_stream_profile_{args.format}.json"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "machine": machine_fingerprint(),
         "format": args.format,
@@ -187,7 +184,10 @@ def main() -> None:
         "probe_ms": 1e3 * probe_s,
         "rows": rows,
     }
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    if args.out is None:
+        args.out = save_record(record, f"batch1_stream_profile_{args.format}")
+    else:
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

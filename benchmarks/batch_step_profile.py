@@ -7,8 +7,9 @@ the step's matmuls alone one after another (the weights streaming from memory, a
 and each distinct layer matmul again with its weights in cache (compute alone). It prints the
 medians and two bounds for the matmuls: the stream alone (weight bytes / probe) and the
 arithmetic alone (the hot times, times the layer count; the output head at the gate_up rate).
-With perfect overlap the matmuls take the larger of the two; with none, their sum. The JSON goes
-to benchmarks/results/batch_step_profile.json. Not a test: run it on a quiet machine.
+With perfect overlap the matmuls take the larger of the two; with none, their sum. The record
+goes to benchmarks/results/batch_step_profile-<machine id>-<date>.json (`--out` to write elsewhere).
+Not a test: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import torch
 from memwall.bench import workload
 from memwall.bench.batch import cache_with_context
 from memwall.bench.probe import RooflineProbe
+from memwall.bench.records import save_record
 from memwall.engine import Transformer
 from memwall.engine.cpu import fast_decode
 from memwall.fingerprint import machine_fingerprint
 
-RESULT = Path(__file__).resolve().parent / "results" / "batch_step_profile.json"
 CONTEXT = 40
 
 
@@ -43,7 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", default="1,4,8,16")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, help="default: a record in benchmarks/results")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
 
@@ -109,9 +110,11 @@ def main() -> None:
             f" GFLOP/s): overlapped {max(row['stream_alone_ms'], row['arithmetic_alone_ms']):5.1f},"
             f" one after the other {row['stream_alone_ms'] + row['arithmetic_alone_ms']:5.1f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": machine_fingerprint(), "context": CONTEXT, "rows": rows}
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    if args.out is None:
+        args.out = save_record(record, "batch_step_profile")
+    else:
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

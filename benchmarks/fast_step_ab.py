@@ -71,8 +71,8 @@ for d, wrapper in wrappers.items():
         state[d, b] = [cache, tokens, []]
 for step in range(steps):
     for b in Bs:
-        # A, B then B, A: in one fast phase of the Zen 5 VM the second of each pair took about
-        # 1.05x the first's time, whichever build it was
+        # A, B then B, A: on a machine whose bandwidth swings, the second of a fixed pair can
+        # run slower whichever build it is (the log's "slot bias")
         for d, wrapper in list(wrappers.items())[:: 1 if step % 2 else -1]:
             cache, tokens, times = state[d, b]
             t = time.perf_counter()

@@ -8,7 +8,9 @@ Llama-3-8B-shaped model against the measured bandwidth ceiling. Run it through g
    hold two copies during the comparison), memwall and transformers interleaved, next to
    tokens/s <= measured bandwidth / bytes per step.
 
-Prints a markdown table and writes everything to a JSON file.
+Prints a markdown table and writes everything to a record,
+benchmarks/results/gpu_check-<machine id>-<date>.json (`--out` to write elsewhere; a CPU dry run
+writes only where `--out` says).
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/gpu_check.json", help="JSON file to write")
+    parser.add_argument("--out", type=Path, help="default: a record in benchmarks/results")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -196,10 +198,16 @@ def main(argv=None) -> int:
     report["wall_seconds"] = time.perf_counter() - start
     table = markdown(report)
     report["markdown"] = table
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    elif device == "cuda":
+        from memwall.bench.records import save_record
+
+        args.out = save_record(report, "gpu_check")
     print(table)
-    print(f"\nwritten to {args.out} in {report['wall_seconds']:.0f} s", file=sys.stderr)
+    written = f"written to {args.out}" if args.out else "no record written (a CPU dry run)"
+    print(f"\n{written} in {report['wall_seconds']:.0f} s", file=sys.stderr)
     return 0 if report["correctness"]["fp32_ok"] and report["correctness"]["bf16_ok"] else 1
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, under 5 minutes on a datacenter GPU: memwall's engine against transformers on CUDA,
 # then batch-1 decode of a Llama-3-8B-shaped random-weight model in bf16 next to the measured
-# bandwidth ceiling. Prints a markdown table; writes JSON (default benchmarks/gpu_check.json).
+# bandwidth ceiling. Prints a markdown table; writes a record (default
+# benchmarks/results/gpu_check-<machine id>-<date>.json).
 #   benchmarks/gpu_check.sh [--out FILE] [--new-tokens N] [--repeats N] [--model SPEC]
 # Exits 1 at once, saying why, when torch sees no CUDA GPU.
 set -euo pipefail
