@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memwall.engine import cpu_kernels
+from memwall.engine.cpu import kernels as cpu_kernels
 from memwall.engine.cpu import calibrate
+from memwall.engine.cpu.linears import twin_of
 from memwall.engine.linear import Linear
 from memwall.engine.quant import Int4Linear, Int8Linear
 
@@ -304,8 +305,6 @@ def test_int4_kernels_of_every_variant_match_the_reference(
 ):
     lib = cpu_kernels.variant_library(variant)
     layer = Int4Linear.from_weight(seeded(out_features, in_features), group_size=group_size)
-    if layer.kernel_layout:
-        pytest.skip("the C kernels are off: int4 layers use PyTorch's layout")
     for rows in ROWS:
         x = seeded(rows, in_features, seed=rows)
         ours = cpu_kernels.int4_linear(
@@ -403,13 +402,14 @@ def test_int4_kernels_on_pytorchs_layout_match_the_reference(
     lib = cpu_kernels.variant_library(variant)
     weight = seeded(out_features, in_features)
     codes, scale_zero = quantize_int4(weight, group_size)
-    # PyTorch's blocked layout for either block size, built by hand (quant.from_cpu_kernel_layout
+    # PyTorch's blocked layout for either block size, built by hand (linears.from_cpu_kernel_layout
     # is its inverse), so both are tested whatever this CPU's PyTorch uses.
     blocks = codes.reshape(out_features // block, block, in_features).transpose(1, 2)
     packed = (blocks[..., : block // 2] | (blocks[..., block // 2 :] << 4)).reshape(
         out_features, in_features // 2
     )
-    from memwall.engine.quant import dequantize_int4, from_cpu_kernel_layout
+    from memwall.engine.cpu.linears import from_cpu_kernel_layout
+    from memwall.engine.quant import dequantize_int4
 
     assert torch.equal(from_cpu_kernel_layout(packed, block), codes)
     reference_weight = dequantize_int4(codes, scale_zero, group_size)
@@ -430,20 +430,19 @@ def test_int4_kernels_on_pytorchs_layout_match_the_reference(
 
 def layers_of_every_format():
     weight, bias = seeded(128, 64), seeded(128, seed=5)
-    return {
+    readable = {
         "fp32": Linear(64, 128, bias=True).set_weight(weight, bias),
         "int8": Int8Linear.from_weight(weight, bias),
         "int4": Int4Linear.from_weight(weight, bias, group_size=32),
     }
+    return {fmt: twin_of(layer) for fmt, layer in readable.items()}
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
 def test_every_path_a_layer_offers_gives_the_reference_result(rows):
     x = seeded(rows, 64, seed=6)
     for fmt, layer in layers_of_every_format().items():
-        reference = (
-            F.linear(x, layer.weight, layer.bias) if fmt == "fp32" else layer.reference_forward(x)
-        )
+        reference = F.linear(x, layer.weight, layer.bias) if fmt == "fp32" else layer.readable[0](x)
         for path in getattr(layer, "step_paths_for", layer.paths_for)(x):
             ours = layer.run(path, x)
             # PyTorch's packed kernels round the activations to bf16 first, w8a8 to int8.
@@ -452,7 +451,7 @@ def test_every_path_a_layer_offers_gives_the_reference_result(rows):
 
 
 def test_a_pinned_path_is_taken_and_a_bad_pin_names_the_choices(monkeypatch):
-    from memwall.engine.cpu import paths
+    from memwall.engine.cpu import path_choice as paths
 
     layers = layers_of_every_format()
     x = seeded(1, 64)
@@ -471,7 +470,7 @@ def test_a_pinned_path_is_taken_and_a_bad_pin_names_the_choices(monkeypatch):
 
 
 def test_the_fixed_rule_uses_c_kernels_for_few_rows_where_they_exist(monkeypatch):
-    from memwall.engine.cpu import paths
+    from memwall.engine.cpu import path_choice as paths
 
     monkeypatch.setenv(paths.ENV, "fixed")
     layers = layers_of_every_format()
@@ -488,7 +487,7 @@ def test_the_fixed_rule_uses_c_kernels_for_few_rows_where_they_exist(monkeypatch
 @contextlib.contextmanager
 def measured_paths(monkeypatch, cache_dir, busy):
     """paths, measuring afresh into `cache_dir` on a machine that looks busy or not."""
-    from memwall.engine.cpu import paths
+    from memwall.engine.cpu import path_choice as paths
 
     monkeypatch.setenv("MEMWALL_CACHE", str(cache_dir))
     monkeypatch.setenv(paths.ENV, "auto")
@@ -535,7 +534,7 @@ def test_a_choice_timed_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
 def test_calibration_runs_c_paths_from_c_and_others_through_python(monkeypatch, rows):
     """The fast decode step runs memwall's kernels from its loop in C and calls back into Python
     for PyTorch's paths; calibration times each path the same way, on the same results."""
-    from memwall.engine.cpu import paths
+    from memwall.engine.cpu import path_choice as paths
 
     x = seeded(rows, 64, seed=3)
     for layer in layers_of_every_format().values():
@@ -544,9 +543,9 @@ def test_calibration_runs_c_paths_from_c_and_others_through_python(monkeypatch, 
         monkeypatch.setattr(layer, "run", lambda path, x, seen=through_python: seen.append(path))
         for path in expected:
             result = calibrate._calls([layer], path, x)()
-            if path in paths.C_PATHS:
+            if path in calibrate.C_PATHS:
                 assert torch.equal(result, expected[path]), (layer, path)
-        assert set(through_python) == set(expected) - set(paths.C_PATHS), layer
+        assert set(through_python) == set(expected) - set(calibrate.C_PATHS), layer
         monkeypatch.undo()
 
 
@@ -642,7 +641,7 @@ def test_calibration_rounds(monkeypatch, bound_by, linear_time, rounds):
     """Five timed rounds per path when a layer streams from memory, three when it is bound by
     arithmetic (timed over fewer copies), and three times as many for a close call (a path at
     0.90-1.00 of the fixed rule's time); each after a warm-up call and a call from cache."""
-    layer = Linear(32, 64)
+    layer = twin_of(Linear(32, 64))
     monkeypatch.setattr(calibrate, "copies_to_overflow", lambda layer: 4)
     monkeypatch.setattr(calibrate, "copies_for", lambda layer, s: 4 if bound_by == "memory" else 2)
     # each sample is named by its path, and takes 1 s (bmm) or linear_time (linear)
@@ -662,7 +661,7 @@ def test_a_calibration_copy_holds_only_its_layers_weights():
     """A layer whose weight is a view into a larger buffer (as a model loaded into one allocation
     would be) is copied by its own elements, not by the whole buffer."""
     buffer = torch.randn(4 * 64 * 32)
-    layer = Linear(32, 64)
+    layer = twin_of(Linear(32, 64))
     layer.weight = torch.nn.Parameter(
         buffer[64 * 32 : 2 * 64 * 32].view(64, 32), requires_grad=False
     )

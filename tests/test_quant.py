@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from memwall import cost, quality
-from memwall.engine import Transformer, cpu_kernels
+from memwall.engine import Transformer
+from memwall.engine.cpu import kernels as cpu_kernels
+from memwall.engine.cpu.linears import cpu_int4_block, from_cpu_kernel_layout, twin_of
 from memwall.engine.linear import Linear
 from memwall.engine.quant import (
     Int4Linear,
     Int8Linear,
-    cpu_int4_block,
     dequantize_int4,
     dequantize_int8,
-    from_cpu_kernel_layout,
     pack_int4,
     quantize,
     quantize_int4,
@@ -80,25 +80,25 @@ def test_pytorch_int8_kernel_matches_reference_path():
     weight = torch.randn(96, 160, generator=torch.Generator().manual_seed(4))
     layer = Int8Linear.from_weight(weight, bias=torch.randn(96))
     x = torch.randn(2, 3, 160, generator=torch.Generator().manual_seed(5))
-    with cpu_kernels.switched_off():
-        ours = layer(x)
+    ours = twin_of(layer).run("torch", x)
     assert ours.shape == (2, 3, 96)
     # The kernel takes bf16 activations and returns bf16: compare at that precision.
-    reference = layer.reference_forward(x.bfloat16().float())
+    reference = layer(x.bfloat16().float())
     assert (ours - reference).abs().max() <= 1e-2 * reference.abs().max()
 
 
 @pytest.mark.parametrize("out_features,group_size", [(64, 32), (128, 64), (96, 32), (40, 32)])
 def test_pytorch_int4_kernel_matches_reference_path(out_features, group_size):
     weight = torch.randn(out_features, 128, generator=torch.Generator().manual_seed(6))
-    with cpu_kernels.switched_off():
-        layer = Int4Linear.from_weight(weight, group_size=group_size)
-        for rows in (1, 5):
-            x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
-            ours = layer(x)
-            # The kernel takes bf16 activations and returns bf16: compare at that precision.
-            reference = layer.reference_forward(x.bfloat16().float())
-            assert (ours - reference).abs().max() <= 1e-2 * reference.abs().max()
+    layer = Int4Linear.from_weight(weight, group_size=group_size)
+    twin = twin_of(layer)
+    for rows in (1, 5):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+        with cpu_kernels.switched_off():
+            ours = twin(x)
+        # The kernel takes bf16 activations and returns bf16: compare at that precision.
+        reference = layer(x.bfloat16().float())
+        assert (ours - reference).abs().max() <= 1e-2 * reference.abs().max()
 
 
 def test_memwall_cpu_kernels_build_where_they_can():
@@ -109,7 +109,7 @@ def test_memwall_cpu_kernels_build_where_they_can():
         and os.environ.get("MEMWALL_CPU_KERNELS") != "0"
     )
     if not can_build:
-        pytest.skip("no AVX2 CPU or C compiler here: the layers use PyTorch's kernels")
+        pytest.skip("no AVX2 CPU or C compiler here: the CPU twins use PyTorch's kernels")
     assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
 
 
@@ -130,17 +130,19 @@ def test_memwall_cpu_kernels_match_reference_path(scheme, group_size, rows):
         layer = Int8Linear.from_weight(weight, bias)
     else:
         layer = Int4Linear.from_weight(weight, bias, group_size)
-        assert layer.c_kernel and not layer.kernel_layout  # the plain pack_int4 layout
+    twin = twin_of(layer)
+    if scheme == "int4":
+        assert not twin.kernel_layout  # 80 rows fill no block of that layout: the plain one
     x = torch.randn(rows, 192, generator=torch.Generator().manual_seed(10 + rows))
-    ours, reference = layer.run("c", x), layer.reference_forward(x)
+    ours, reference = twin.run("c", x), layer(x)
     # fp32 activations all the way: only the order of the additions differs.
     assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
 
 
 @needs_cpu_kernels
 def test_memwall_cpu_kernels_follow_the_thread_count():
-    layer = Int8Linear.from_weight(
-        torch.randn(64, 128, generator=torch.Generator().manual_seed(11))
+    layer = twin_of(
+        Int8Linear.from_weight(torch.randn(64, 128, generator=torch.Generator().manual_seed(11)))
     )
     x = torch.randn(1, 128, generator=torch.Generator().manual_seed(12))
     threads = torch.get_num_threads()
@@ -167,9 +169,7 @@ def test_memwall_cpu_kernels_fail_softly(monkeypatch, tmp_path):
         generator = torch.Generator().manual_seed(0)
         layer = Int8Linear.from_weight(torch.randn(32, 64, generator=generator))
         x = torch.randn(1, 64, generator=generator)
-        assert torch.allclose(
-            layer(x), layer.reference_forward(x.bfloat16().float()), rtol=1e-2, atol=1e-2
-        )
+        assert torch.allclose(twin_of(layer)(x), layer(x.bfloat16().float()), rtol=1e-2, atol=1e-2)
         monkeypatch.setenv("MEMWALL_CPU_KERNELS", "0")
         cpu_kernels.library.cache_clear()
         assert (
@@ -184,9 +184,9 @@ def test_memwall_cpu_kernels_fail_softly(monkeypatch, tmp_path):
 def test_int4_codes_survive_either_storage_layout():
     weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
     codes, scale_zero = quantize_int4(weight, 32)
-    layer = Int4Linear(codes, scale_zero, 32)
-    assert torch.equal(layer.codes(), codes)
-    assert torch.equal(layer.weight, dequantize_int4(codes, scale_zero, 32))
+    for layer in (Int4Linear(codes, scale_zero, 32), twin_of(Int4Linear(codes, scale_zero, 32))):
+        assert torch.equal(layer.codes(), codes)
+        assert torch.equal(layer.weight, dequantize_int4(codes, scale_zero, 32))
 
 
 @pytest.mark.parametrize("group_size", [32, 64])

@@ -17,6 +17,6 @@ def accelerate(model: nn.Module) -> nn.Module:
     """`model` with its device's speed path applied: same weights, same outputs within rounding."""
     from memwall.engine.cpu.fast_decode import accelerate as accelerate_cpu
 
-    # Until engine/cuda/ exists, the CPU wrapper sends any other device's steps to the readable
-    # model (its fallback_reason says so).
+    # Until engine/cuda/ exists, the CPU backend also wraps models on other devices: its twins and
+    # its fused step then hand every call to the readable code (`fallback_reason` says so).
     return accelerate_cpu(model)

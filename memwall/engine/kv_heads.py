@@ -126,7 +126,6 @@ def _with_kv_heads(model, n_kv_heads: int, convert_kv):
             old.in_features,
             new_weight.shape[0],
             bias=new_bias is not None,
-            splits=old.splits,
             device=weight.device,
             dtype=weight.dtype,
         )

@@ -12,48 +12,26 @@ point and each weight is turned back into a float ("dequantized") inside the mat
   al. 2022, Lin et al. 2023, but choose the codes more cleverly than the round-to-nearest used here).
   Half a byte per weight plus 4 bytes per group: exactly `memwall.cost`'s "int4-g<group_size>".
 
-Several paths compute the matmul, all but the last dequantizing on the fly (and "w8a8" multiplying
-integers); which one a layer takes for a given number of rows is measured once per machine
-(`engine/cpu/paths.py`):
-- "c": memwall's own C kernels (`cpu_kernels.c` and `engine/cpu/`), for fp32 activations on a
-  CPU: they read the packed weights and turn them into floats in registers;
-- "c_row" (int8): the same, one row of codes at a time, so the codes are read as a single
-  stream; each activation is then loaded once per code row, not once per 4, which pays at one or
-  two activation rows;
-- "w8a8" (int8): memwall's C kernel with the activations rounded to int8 too, one scale per row,
-  and integer dot products (AVX-512 VNNI where the CPU has it). Not exact: taken only when pinned;
-- "c_many": for many rows, the same kernels convert a chunk of weight rows to floats in cache once
-  and multiply every row by it (prefill without a dequantized copy of the model);
-- "torch": PyTorch's packed kernels (`aten._weight_int8pack_mm`,
-  `aten._weight_int4pack_mm_for_cpu`). They take bf16 activations (the int8 one has a fast path
-  only for bf16), so the layers round the activations to bf16 on the way in and back on the way
-  out. On the course's AVX2 CPU they were compute-bound, reading their bytes at half the rate of
-  memwall's kernels or less (chapter 7); on an AVX-512 CPU the int4 one is close to memwall's;
-- "dequant" (`reference_forward`): dequantize the whole matrix, then `F.linear`. Used where no
-  kernel applies (a GPU), and the tests check every kernel against it.
-int4 codes are stored in PyTorch's CPU kernel layout wherever that kernel exists, since memwall's
-kernels read it too; elsewhere in the plain `pack_int4` layout.
+Each layer's forward is the reference math, written so that a compiler can fuse the
+dequantization into the product (int8: the codes cast to the activations' dtype, multiplied, then
+each output scaled by its row's scale). Faster kernels that read the packed bytes directly are
+the backends' business (`accelerate(model)`); they are tested against these layers.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memwall.engine import cpu_kernels
-from memwall.engine.cpu import paths as kernel_paths
 from memwall.engine.linear import Linear
 
 SCHEMES = ("int8", "int4")
 HEAD_CHOICES = ("same", "int8", "int4", "float")
-INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what aten._weight_int4pack_mm_for_cpu accepts
 INT4_SCALE_DTYPE = torch.bfloat16  # 2 bytes for s and 2 for z: 4 bytes per group
 INT8_SCALE_DTYPE = torch.bfloat16  # 2 bytes per output row
-KERNEL_ACTIVATION_DTYPE = torch.bfloat16
 
 
 # ---- the formats, as plain tensor functions ---------------------------------------------------
@@ -136,40 +114,6 @@ def _check_group_size(group_size: int, in_features: int) -> None:
         )
 
 
-# ---- PyTorch's CPU int4 kernel layout -------------------------------------------------------------
-
-
-@functools.cache
-def cpu_int4_block() -> int | None:
-    """Rows per block in the layout `aten._convert_weight_to_int4pack_for_cpu` produces, or None.
-
-    The kernel stores [N, K] codes as [N/B, K, B/2] bytes: for each block of B output rows and each
-    input k, byte j holds row j in its low nibble and row j + B/2 in its high one (B is 64 with
-    AVX-512 and 32 with AVX2). Which B applies depends on the CPU, so find it by packing a probe
-    and checking which layout reproduces it; None if none does (or the kernel is missing), in
-    which case int4 layers keep the plain layout and use the reference path.
-    """
-    probe = torch.randint(
-        0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32
-    )
-    try:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    except (AttributeError, RuntimeError):
-        return None
-    for block in (64, 32):
-        if torch.equal(from_cpu_kernel_layout(packed, block), probe.to(torch.uint8)):
-            return block
-    return None
-
-
-def from_cpu_kernel_layout(packed: torch.Tensor, block: int) -> torch.Tensor:
-    """[N, K/2] bytes in the CPU kernel's blocked layout -> codes [N, K] (N a multiple of `block`)."""
-    rows, half_k = packed.shape
-    blocks = packed.reshape(rows // block, 2 * half_k, block // 2)  # [N/B, K, B/2]
-    codes = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)  # [N/B, K, B]: rows j, then j + B/2
-    return codes.transpose(1, 2).reshape(rows, 2 * half_k)
-
-
 # ---- the layers --------------------------------------------------------------------------------------
 
 
@@ -193,40 +137,9 @@ class Int8Linear(nn.Module):
         return dequantize_int8(self.codes, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cpu_kernels.check_width(x, self.in_features, self.out_features)
-        return self.run(kernel_paths.choose(self, x), x)
-
-    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
-        """One path (kernel_paths): "c", "c_row", "c_many", "torch", "w8a8" or "dequant" (the
-        reference)."""
-        if path in cpu_kernels.INT8_KERNELS:
-            y = cpu_kernels.int8_linear(x, self.codes, self.scales, path)
-        elif path == "torch":
-            y = _through_bf16(
-                x,
-                self.out_features,
-                lambda rows: torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales),
-            )
-        else:
-            return self.reference_forward(x)
-        return y if self.bias is None else y + self.bias
-
-    def paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
-        if x.device.type != "cpu":
-            return ("dequant",)
-        c = ("c", "c_row") if cpu_kernels.quant_fits(x, self.in_features) else ()
-        many = ("c_many",) if c and self.out_features % 4 == 0 else ()
-        library = ("torch",) if _int8_kernel_ok(x) else ()
-        w8a8 = ("w8a8",) if c else ()
-        return (*c, *many, *library, *w8a8, "dequant")
-
-    def kernel_key(self) -> tuple[str, str]:
-        return "int8", f"{self.out_features}x{self.in_features}"
-
-    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(
-            x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        )
+        # x (q s)^T = (x q^T) * s: multiply by the codes, then scale each output once.
+        y = F.linear(x, self.codes.to(x.dtype)) * self.scales.to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8 per channel"
@@ -246,26 +159,7 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = codes.shape
         _check_group_size(group_size, self.in_features)
         self.group_size = group_size
-        on_cpu = codes.device.type == "cpu"
-        # PyTorch's CPU layout where its kernel exists: memwall's C kernels read it too, so both
-        # can be timed on the same bytes. Otherwise the plain layout (memwall's kernels only).
-        block = cpu_int4_block() if on_cpu else None
-        self.kernel_layout = (
-            block is not None
-            and group_size in INT4_KERNEL_GROUP_SIZES
-            and self.out_features % block == 0
-        )
-        self.c_kernel = (
-            on_cpu and cpu_kernels.available() and (self.kernel_layout or group_size % 32 == 0)
-        )
-        if self.kernel_layout:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-        else:
-            packed = pack_int4(codes)
-        self.block = block if self.kernel_layout else None
-        self.register_buffer(
-            "packed", packed.contiguous()
-        )  # [out, in/2] uint8: half a byte per weight
+        self.register_buffer("packed", pack_int4(codes).contiguous())  # [out, in/2]: 2 codes a byte
         self.register_buffer("scale_zero", scale_zero.to(INT4_SCALE_DTYPE).contiguous())
         self.register_buffer("bias", None if bias is None else bias.float().clone())
 
@@ -276,9 +170,7 @@ class Int4Linear(nn.Module):
         return cls(*quantize_int4(weight, group_size), group_size, bias)
 
     def codes(self) -> torch.Tensor:
-        """The 4-bit codes [out, in], unpacked from whichever layout they are stored in."""
-        if self.kernel_layout:
-            return from_cpu_kernel_layout(self.packed, self.block)
+        """The 4-bit codes [out, in], unpacked."""
         return unpack_int4(self.packed)
 
     @property
@@ -286,67 +178,11 @@ class Int4Linear(nn.Module):
         return dequantize_int4(self.codes(), self.scale_zero, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cpu_kernels.check_width(x, self.in_features, self.out_features)
-        return self.run(kernel_paths.choose(self, x), x)
-
-    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
-        """One path (kernel_paths): "c", "c_many", "torch" or "dequant" (the reference)."""
-        if path in ("c", "c_many"):
-            many = path == "c_many"
-            if self.kernel_layout:
-                y = cpu_kernels.int4_blocked_linear(
-                    x, self.packed, self.scale_zero, self.group_size, self.block, many
-                )
-            else:
-                y = cpu_kernels.int4_linear(x, self.packed, self.scale_zero, self.group_size, many)
-        elif path == "torch":
-            y = _through_bf16(
-                x,
-                self.out_features,
-                lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
-                    rows, self.packed, self.group_size, self.scale_zero
-                ),
-            )
-        else:
-            return self.reference_forward(x)
-        return y if self.bias is None else y + self.bias
-
-    def paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
-        if x.device.type != "cpu":
-            return ("dequant",)
-        fits = cpu_kernels.quant_fits(x, self.in_features) and (
-            self.kernel_layout or self.group_size % 32 == 0
-        )
-        c = ("c",) if fits else ()
-        many = ("c_many",) if fits and self.out_features % 4 == 0 else ()
-        library = ("torch",) if self.kernel_layout else ()
-        return (*c, *many, *library, "dequant")
-
-    def kernel_key(self) -> tuple[str, str]:
-        layout = "torch-layout" if self.kernel_layout else "plain"
-        return "int4", f"{self.out_features}x{self.in_features}/g{self.group_size}/{layout}"
-
-    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(
-            x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        )
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
 
     def extra_repr(self) -> str:
-        where = "PyTorch CPU kernel layout" if self.kernel_layout else "plain layout"
-        return (
-            f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}, {where}"
-        )
-
-
-def _through_bf16(x: torch.Tensor, out_features: int, kernel) -> torch.Tensor:
-    """Run one of PyTorch's packed kernels, which take bf16 rows (the scales' dtype) and accumulate
-    in fp32, on x [..., in]: round x to bf16 on the way in and back to its dtype on the way out."""
-    y = kernel(x.reshape(-1, x.shape[-1]).to(KERNEL_ACTIVATION_DTYPE))
-    return y.to(x.dtype).view(*x.shape[:-1], out_features)
-
-
-def _int8_kernel_ok(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+        return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}"
 
 
 # ---- one call for a whole model ----------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 def chosen_paths() -> dict:
     """The machine key, the kernel variant, any pinned paths and the chosen path per format."""
-    from memwall.engine import cpu_kernels
-    from memwall.engine.cpu import paths
+    from memwall.engine.cpu import kernels as cpu_kernels
+    from memwall.engine.cpu import path_choice as paths
 
     return {
         **paths.chosen_paths(),

@@ -3,7 +3,7 @@
 Three variants of the same functions, from the most to the least specialised:
 
 - "avx512": cpu/kernels_avx512.c, for x86 CPUs with AVX-512 (F, BW, VL, DQ);
-- "avx2": cpu_kernels.c, for x86 CPUs with AVX2 and FMA (the one chapter 7 reads);
+- "avx2": cpu/kernels_avx2.c, for x86 CPUs with AVX2 and FMA (the one chapter 7 reads);
 - "portable": cpu/kernels_portable.c, plain C for any CPU (ARM, Apple Silicon).
 
 The portable library is built first: its `memwall_cpu_features()` asks cpuid which of the others
@@ -26,8 +26,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-ENGINE_DIR = Path(__file__).resolve().parent.parent
-CPU_DIR = ENGINE_DIR / "cpu"
+CPU_DIR = Path(__file__).resolve().parent
 HEADERS = (
     CPU_DIR / "common.h",
     CPU_DIR / "decode_ops.h",
@@ -46,7 +45,7 @@ VARIANTS = {
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
         AVX512 | AVX2,
     ),
-    "avx2": (ENGINE_DIR / "cpu_kernels.c", ["-mavx2", "-mfma"], AVX2),
+    "avx2": (CPU_DIR / "kernels_avx2.c", ["-mavx2", "-mfma"], AVX2),
     "portable": (CPU_DIR / "kernels_portable.c", [], 0),
 }
 

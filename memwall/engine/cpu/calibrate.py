@@ -1,4 +1,4 @@
-"""Timing a layer's kernel paths on this machine: the measurement behind paths.choose."""
+"""Timing a twin's kernel paths on this machine: the measurement behind path_choice.choose."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import time
 
 import torch
 
-from memwall.engine import cpu_kernels
-from memwall.fingerprint import last_level_cache_bytes
+from memwall.engine.cpu import kernels
+from memwall.engine.cpu.build import MatmulElsewhere
+from memwall.engine.sharing import copy_with
+from memwall.machine.fingerprint import last_level_cache_bytes
 
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
 # the fast decode step runs these without Python
@@ -82,12 +84,9 @@ def _calls(layers, path: str, sample: torch.Tensor):
     runs them from its loop in C), any other path through the layer's `run` in Python (the step
     calls back into Python for it). Timed through `run`, a C path would carry Python's per-call
     cost, about what a small layer's kernel takes, and lose to paths that the step runs slower."""
-    lib = cpu_kernels.library() if path in C_PATHS and hasattr(layers[0], "in_features") else None
+    lib = kernels.library() if path in C_PATHS and hasattr(layers[0], "in_features") else None
     if lib is not None:
-        from memwall.engine.cpu.build import MatmulElsewhere
-        from memwall.engine.cpu.fast_decode import matmul_spec
-
-        specs = [matmul_spec(each, path) for each in layers]
+        specs = [each.matmul_spec(path) for each in layers]
         if all(spec.kind != spec.ELSEWHERE for spec in specs):
             rows, threads = sample.shape[0], torch.get_num_threads()
             y = torch.empty(rows, layers[0].out_features)
@@ -107,8 +106,6 @@ def _calls(layers, path: str, sample: torch.Tensor):
 def copy_of(layer):
     """`layer` with clones of its tensors: a clone copies a view's elements, where deepcopy would
     copy the whole storage the view is cut from (a model can load as views into one buffer)."""
-    from memwall.engine.sharing import copy_with
-
     return copy_with(layer, lambda t: t.detach().clone())
 
 

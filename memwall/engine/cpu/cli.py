@@ -25,12 +25,12 @@ def register_cli(subparsers) -> None:
 
 
 def run_build_kernels(args) -> int:
-    from memwall.engine import cpu_kernels
     from memwall.engine.cpu import build
+    from memwall.engine.cpu import kernels as cpu_kernels
 
     report = {"variants": build.build_all(), "in_use": cpu_kernels.variant()}
     if args.forget_paths:
-        from memwall.engine.cpu import paths
+        from memwall.engine.cpu import path_choice as paths
 
         paths.forget()
         report["forgot_paths"] = str(paths.cache_file())

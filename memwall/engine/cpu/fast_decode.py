@@ -1,16 +1,17 @@
 """Decode without PyTorch's per-operation overhead: the same model, run by C calls.
 
-A decode step of SmolLM2-135M is about 450 small PyTorch operations. Each costs microseconds of
-dispatch, so on a fast CPU the step is bound by overhead, not by reading the weights (chapter 2's
-third regime). `accelerate(model)` wraps a readable `Transformer` (fp32, int8 or int4 linears)
-so that a one-token step, for one sequence or a batch that shares one KVCache, runs its layers in
-one call into memwall's C library (cpu/decode_step.h), on buffers allocated once per batch size:
-per layer a fused residual-add and RMSNorm, the matmuls on the paths `paths.choose` picked for
-that many rows, rotary embedding and the cache write in one op, attention of one query per
-sequence (each chunk of cached keys and values read once for the query heads that share it),
-SiLU times up. A matmul whose chosen path is PyTorch's is called back in Python.
-Everything else (prefill, paged caches, bf16) goes to the readable model, which stays the
-reference: tests check that both give the same tokens and logits.
+A decode step of a small model is hundreds of small PyTorch operations. Each costs microseconds of
+dispatch, so on a fast CPU the step can be bound by overhead, not by reading the weights (chapter
+2's third regime). `accelerate(model)` gives a readable `Transformer` (fp32, int8 or int4 linears)
+CPU twins for its linear layers (`linears.py`) and wraps it so that a one-token step, for one
+sequence or a batch that shares one KVCache, runs its layers in one call into memwall's C library
+(decode_step.h), on buffers allocated once per batch size: per layer a fused residual-add and
+RMSNorm, the matmuls on the paths `path_choice.choose` picked for that many rows, rotary embedding
+and the cache write in one op, attention of one query per sequence (each chunk of cached keys and
+values read once for the query heads that share it), SiLU times up. A matmul whose chosen path is
+PyTorch's is called back in Python. Everything else (prefill, paged caches, bf16) runs the twins
+through the readable model's own code, which stays the reference: tests check that both give the
+same tokens and logits.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from memwall.engine import cpu_kernels
-from memwall.engine.cpu import paths as kernel_paths
+from memwall.engine.cpu import kernels, path_choice
 from memwall.engine.cpu.build import LayerSpec, MatmulElsewhere, MatmulSpec
+from memwall.engine.cpu.linears import with_twins
 from memwall.engine.kv_cache import KVCache
-from memwall.engine.linear import Linear
-from memwall.engine.quant import Int4Linear, Int8Linear
 
 MAX_ROWS = 64  # sequences per step; the matmul path for each row count is chosen by measurement
 
@@ -32,64 +31,22 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-def matmul_spec(layer, path: str, matmul_id: int = 0) -> MatmulSpec:
-    """How decode_step.h runs `layer` on `path`: a C kernel on the layer's own tensors, or, for a
-    path of PyTorch's, a call back into Python (MatmulSpec.ELSEWHERE) under `matmul_id`."""
-    spec = MatmulSpec(
-        kind=MatmulSpec.ELSEWHERE,
-        id=matmul_id,
-        in_features=layer.in_features,
-        out_features=layer.out_features,
-    )
-    many = path == "c_many"
-    fp32 = isinstance(layer, Linear) and layer.weight.dtype == torch.float32
-    if path == "c" and fp32:
-        spec.kind, spec.weight = MatmulSpec.FP32, _ptr(layer.weight)
-    elif path == "packed" and fp32:
-        # the panels outlive the spec: panels_of keeps them while the weight lives
-        spec.kind, spec.weight = MatmulSpec.FP32_PACKED, _ptr(cpu_kernels.panels_of(layer.weight))
-    elif path in kernel_paths.C_PATHS and isinstance(layer, Int8Linear):
-        kinds = {
-            "c": spec.INT8,
-            "c_row": spec.INT8_ROW,
-            "c_many": spec.INT8_MANY,
-            "w8a8": spec.W8A8,
-        }
-        spec.kind = kinds[path]
-        spec.weight, spec.scales = _ptr(layer.codes), _ptr(layer.scales)
-    elif path in kernel_paths.C_PATHS and isinstance(layer, Int4Linear):
-        if layer.kernel_layout:
-            spec.kind = MatmulSpec.INT4_BLOCKED_MANY if many else MatmulSpec.INT4_BLOCKED
-            spec.block = layer.block
-        else:
-            spec.kind = MatmulSpec.INT4_MANY if many else MatmulSpec.INT4
-        spec.weight, spec.scales, spec.group = (
-            _ptr(layer.packed),
-            _ptr(layer.scale_zero),
-            layer.group_size,
-        )
-    bias = getattr(layer, "bias", None)
-    if bias is not None and spec.kind != MatmulSpec.ELSEWHERE:
-        spec.bias = _ptr(bias)
-    return spec
-
-
 class _Matmul:
     """y = layer(x) for fp32 rows, bound once to buffers: `spec` says how (decode_step.h), on a C
-    kernel or, for the path `paths.choose` picked elsewhere, the layer's own path in Python."""
+    kernel or, for the path `path_choice.choose` picked elsewhere, the layer's own path in Python."""
 
     def __init__(self, layer, x: torch.Tensor, y: torch.Tensor, matmul_id: int):
         self.layer, self.x, self.y = layer, x, y
-        self.path = kernel_paths.choose(layer, x, fast_step=True)
-        self.spec = matmul_spec(layer, self.path, matmul_id)
+        self.path = path_choice.choose(layer, x, fast_step=True)
+        self.spec = layer.matmul_spec(self.path, matmul_id)
         # The "packed" path reads a copy of the weights: it is kept alive with the spec that
         # points to it, and an in-place change of the weights (a new version) makes it stale.
         packed = self.spec.kind == MatmulSpec.FP32_PACKED
-        self.panels = cpu_kernels.panels_of(layer.weight) if packed else None
-        self.version = cpu_kernels.version_of(layer.weight) if packed else None
+        self.panels = kernels.panels_of(layer.weight) if packed else None
+        self.version = kernels.version_of(layer.weight) if packed else None
 
     def stale(self) -> bool:
-        return self.panels is not None and cpu_kernels.version_of(self.layer.weight) != self.version
+        return self.panels is not None and kernels.version_of(self.layer.weight) != self.version
 
     def run_elsewhere(self) -> None:
         self.y.copy_(self.layer.run(self.path, self.x[None])[0])
@@ -155,8 +112,8 @@ class FastDecoder(nn.Module):
 
     def fallback_reason(self, cache) -> str | None:
         """Why one-token steps on `cache` go to the readable model; None when they run in C."""
-        if not cpu_kernels.available():
-            return cpu_kernels.unavailable_reason() or "memwall's CPU kernels are switched off"
+        if not kernels.available():
+            return kernels.unavailable_reason() or "memwall's CPU kernels are switched off"
         if not (
             type(cache) is KVCache
             and cache.keys.dtype == torch.float32
@@ -216,7 +173,7 @@ class FastDecoder(nn.Module):
         matmuls.append(_Matmul(m.lm_head, buf["h"], buf["logits"], len(matmuls)))
         shape = (m.n_heads, m.n_kv_heads, m.head_dim, d, d_ff)
         self._plans[rows] = _Plan(
-            cpu_kernels.library(), torch.get_num_threads(), buf, layers, matmuls, shape
+            kernels.library(), torch.get_num_threads(), buf, layers, matmuls, shape
         )
 
     @torch.inference_mode()
@@ -259,8 +216,8 @@ class FastDecoder(nn.Module):
 
 
 def accelerate(model: nn.Module) -> FastDecoder:
-    """`model` wrapped so that one-token decode steps (batch 1 to MAX_ROWS on one KVCache) skip
-    PyTorch's per-operation overhead.
+    """A new model over `model`'s weights whose linear layers are CPU twins and whose one-token
+    decode steps (batch 1 to MAX_ROWS on one KVCache) skip PyTorch's per-operation overhead.
 
-    Wrap the model as it will run (after `quantize`): the first step binds its layers' buffers."""
-    return FastDecoder(model)
+    Accelerate the model as it will run (after `quantize`): the first step binds its buffers."""
+    return FastDecoder(with_twins(model))

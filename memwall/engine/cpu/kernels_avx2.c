@@ -19,7 +19,7 @@ static void fp32_block(const float *x, const float *w, float *y, long rows, long
                        long n_out);
 #define HAS_FP32_PANEL_ROWS     /* below, with intrinsics */
 #define HAS_INT4_BLOCKED_TILE   /* below, with intrinsics */
-#include "cpu/common.h"
+#include "common.h"
 
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

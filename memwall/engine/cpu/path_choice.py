@@ -1,17 +1,17 @@
 """Which kernel path a layer takes, chosen by measuring on this machine.
 
-A linear layer can multiply in several ways, and which is fastest depends on the CPU, the number
-of activation rows and the weight format (one 2-core EPYC with AVX2 and a Zen 5 with AVX-512
-disagreed on every one of these). So the first time a layer of a given format and shape meets a
+A linear layer's CPU twin can multiply in several ways, and which is fastest depends on the CPU,
+the number of activation rows and the weight format (CPUs with different instruction sets and
+caches disagree on every one of these). So the first time a layer of a given format and shape meets a
 given bucket of rows, the candidates are timed (calibrate.py) on its real weights, read from
 memory as decode reads them and called as the fast decode step calls them (memwall's C kernels
 from C, PyTorch's paths through Python), a few seconds for the whole model, with a message on
 stderr; the fastest is kept, on disk, under a key for this machine: CPU model, ISA flags,
 threads, torch version and the kernels' source hash. A choice timed while other work kept the
-cores busy is used by this process but not kept: on two shared cores, one stalled thread can make
+cores busy is used by this process but not kept: on shared cores, one stalled thread can make
 the best path look like the worst.
 
-The candidates (a layer lists the ones that can take a given input):
+The candidates (a twin lists the ones that can take a given input; linears.py describes them):
   fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear);
                     the fast decode step's batches also "packed" for fp32 (C, on a copy of the
                     weights packed in panels, made only for a layer that takes this path)
@@ -38,9 +38,7 @@ import tempfile
 
 import torch
 
-from memwall.engine import cpu_kernels
-from memwall.engine.cpu import calibrate
-from memwall.engine.cpu.calibrate import C_PATHS  # noqa: F401  (the paths the fast step runs in C)
+from memwall.engine.cpu import calibrate, kernels
 
 ENV = "MEMWALL_KERNEL_PATH"
 PATHS = {
@@ -96,7 +94,7 @@ def choose(layer, x: torch.Tensor, fast_step: bool = False) -> str:
     fast decode step offers too (a layer's `step_paths_for`)."""
     rows = x.numel() // max(x.shape[-1], 1)
     spec = os.environ.get(ENV)
-    switched_off = cpu_kernels._switched_off
+    switched_off = kernels._switched_off
     key = (layer.kernel_key(), rows, x.dtype, x.device.type, switched_off, spec, fast_step)
     path = _memo.get(key)
     if path is None:
@@ -160,7 +158,7 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
 def machine_key() -> dict:
     """What the decisions depend on: the machine, threads, torch and the kernels' sources."""
     from memwall.engine.cpu import build
-    from memwall.fingerprint import fingerprint_id, machine_fingerprint
+    from memwall.machine.fingerprint import fingerprint_id, machine_fingerprint
 
     fingerprint = machine_fingerprint()
     key = {
@@ -169,7 +167,7 @@ def machine_key() -> dict:
         "isa": fingerprint["isa"],
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
-        "kernel_variant": cpu_kernels.variant(),
+        "kernel_variant": kernels.variant(),
         "kernel_source": build.source_hash(),
         "method": METHOD,
     }

@@ -1,21 +1,22 @@
-"""Call memwall's hand-written C kernels (fp32, int8 and int4 weights) from PyTorch.
+"""Call memwall's hand-written C kernels (fp32, bf16, int8 and int4 weights) from PyTorch.
 
-Why they exist: on the course's AMD CPUs, PyTorch's kernels handle decode's shapes (a few
-activation rows against a large matrix) poorly. Its weight-only int8 and int4 kernels are
-compute-bound (~5 GB/s of int8 weights on the AVX2 machine), and MKL's fp32 kernels with 2 to 128
-rows leave much of the CPU's FLOP/s unused, which caps batched decode. The C kernels turn packed
-weights into floats in registers and keep a tile of sums in registers for batches (chapters 6, 7).
-For many rows with int8/int4 weights (`*_many`), each core converts a chunk of weight rows to
-floats in its cache once and runs the fp32 tile over every row: prefill without a dequantized copy.
-For batched fp32 decode, `fp32_packed_linear` reads a copy of the weights packed in panels
-(`panels_of`), which keeps memory streaming while the cores compute (common.h says how).
+Why they exist: decode multiplies a few activation rows by each weight matrix, a memory-bound
+product whose speed is how fast the weights stream. General-purpose kernels are tuned for big
+products: weight-only int8/int4 kernels that are bound by their arithmetic stream their bytes
+slowly, and an fp32 product with 2 to 128 rows may leave much of the CPU's FLOP/s unused, which
+caps batched decode. These kernels turn packed weights into floats in registers and keep a tile of
+sums in registers for batches (chapters 6, 7). For many rows with int8/int4 weights (`*_many`),
+each core converts a chunk of weight rows to floats in its cache once and runs the fp32 tile over
+every row: prefill without a dequantized copy. For batched fp32 decode, `fp32_packed_linear` reads
+a copy of the weights packed in panels (`panels_of`), which keeps memory streaming while the cores
+compute (common.h says how).
 
-`cpu/build.py` compiles the variant for this CPU (AVX-512, AVX2, or portable C) on first use, or
+`build.py` compiles the variant for this CPU (AVX-512, AVX2, or portable C) on first use, or
 ahead of time with `memwall build-kernels`. The libraries use OpenMP; the loader resolves that to
 the libgomp PyTorch has already loaded, so both share one thread pool. `library()` returns None,
-with the reason in `unavailable_reason()`, where nothing builds; the layers then use PyTorch.
-Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block of code. Which
-path a layer takes for a given number of rows is decided in `cpu/paths.py`, by measurement.
+with the reason in `unavailable_reason()`, where nothing builds; the twins (`linears.py`) then use
+PyTorch's paths. Set MEMWALL_CPU_KERNELS=0 to turn them off, or use `switched_off()` for one block
+of code. Which path a twin takes for a given number of rows is decided in `path_choice.py`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ import torch
 
 from memwall.engine.cpu import build
 
-MAX_ROWS = 8  # int8/int4 one-row-at-a-time kernels: the fixed limit when nothing is calibrated
-# fp32: above this, F.linear (MKL, which blocks for cache) when nothing is calibrated.
-MAX_FP32_ROWS = 256
 _unavailable_reason: str | None = None  # set by library() when it returns None
 _switched_off = False
 _variant: str | None = None
@@ -54,8 +52,7 @@ def variant() -> str | None:
 
 @contextlib.contextmanager
 def switched_off():
-    """Inside this block the layers use PyTorch's kernels (int4 layers built inside it keep
-    PyTorch's int4 layout afterwards)."""
+    """Inside this block the twins use PyTorch's paths."""
     global _switched_off
     before, _switched_off = _switched_off, True
     try:
@@ -132,16 +129,6 @@ def bf16_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and not (x.requires_grad or weight.requires_grad)
         and available()
     )
-
-
-def usable(x: torch.Tensor, in_features: int) -> bool:
-    """quant_fits, for at most MAX_ROWS rows (the fixed rule)."""
-    return x.numel() <= MAX_ROWS * in_features and quant_fits(x, in_features)
-
-
-def fp32_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """fp32_fits, for at most MAX_FP32_ROWS rows (the fixed rule)."""
-    return x.numel() <= MAX_FP32_ROWS * weight.shape[1] and fp32_fits(x, weight)
 
 
 # The wrappers take x [..., in] and return [..., out] without reshaping: in decode each is called
