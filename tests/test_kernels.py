@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memwall.engine.cpu import kernels as cpu_kernels
 from memwall.engine.cpu import calibrate
+from memwall.engine.cpu import kernels as cpu_kernels
 from memwall.engine.cpu.linears import twin_of
 from memwall.engine.linear import Linear
 from memwall.engine.quant import Int4Linear, Int8Linear
@@ -534,7 +534,6 @@ def test_a_choice_timed_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
 def test_calibration_runs_c_paths_from_c_and_others_through_python(monkeypatch, rows):
     """The fast decode step runs memwall's kernels from its loop in C and calls back into Python
     for PyTorch's paths; calibration times each path the same way, on the same results."""
-    from memwall.engine.cpu import path_choice as paths
 
     x = seeded(rows, 64, seed=3)
     for layer in layers_of_every_format().values():
