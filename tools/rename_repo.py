@@ -2,7 +2,8 @@
 
 Replaces the GitHub URL that `_config.yml`'s `repository.url` names in the files that carry it
 (the config, the README's badges, the setup page, the package metadata, the citation) and in
-memwall's default for the Colab install cell. Then `make notebooks` (the Makefile target runs it)
+memwall's default for the Colab install cell, and the published site's GitHub Pages address
+(https://OWNER.github.io/NAME/, which GitHub derives from the repository) with it. Then `make notebooks` (the Makefile target runs it)
 rewrites every generated notebook's install cell. Standard library only; portable, unlike
 `sed -i`, whose syntax differs between GNU and BSD (macOS).
 """
@@ -19,6 +20,7 @@ FILES = (
     "_config.yml",
     "README.md",
     "book/setup.md",
+    "book/intro.md",
     "pyproject.toml",
     "CITATION.cff",
     "memwall/notebooks.py",
@@ -39,6 +41,12 @@ def current_url(root: Path = ROOT) -> str:
     raise ValueError("_config.yml has no repository.url")
 
 
+def pages_url(repository_url: str) -> str:
+    """The GitHub Pages address of a repository: the owner becomes the host (lower case)."""
+    owner, name = repository_url.rstrip("/").split("github.com/")[1].split("/")
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
 def rename(new_url: str, root: Path = ROOT) -> list[str]:
     """Replace the current repository URL with `new_url` everywhere; return the files changed."""
     new_url = new_url.rstrip("/").removesuffix(".git")
@@ -56,6 +64,7 @@ def rename(new_url: str, root: Path = ROOT) -> list[str]:
         # github.com/OWNER/NAME, and the slug in Binder (/gh/...) and Colab (/github/...) links.
         for prefix in ("github.com/", "/gh/", "/github/"):
             updated = updated.replace(prefix + old_slug, prefix + new_slug)
+        updated = updated.replace(pages_url(old_url), pages_url(new_url))
         if updated != text:
             path.write_text(updated)
             changed.append(name)
