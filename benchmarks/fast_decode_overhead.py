@@ -23,7 +23,7 @@ import torch
 from memwall import models
 from memwall.engine import Transformer
 from memwall.engine.cpu import chosen_paths
-from memwall.engine.cpu.fast_decode import accelerate
+from memwall.engine.accelerate import accelerate
 from memwall.engine.quant import quantize
 from memwall.fingerprint import machine_fingerprint
 

@@ -11,7 +11,7 @@ Build each library first, e.g. for the committed kernels against an older commit
       -mavx512vl -mavx512dq -mavx2 -mfma -fopenmp /tmp/$d/kernels_avx512.c -o /tmp/$d/k.so -lm; done
     .venv/bin/python benchmarks/fast_step_ab.py
 
-or name the two folders that hold k.so (e.g. builds of the AVX2 variant, cpu_kernels.c) and
+or name the two folders that hold k.so (e.g. builds of the AVX2 variant, kernels_avx2.c) and
 the weight format:
 
     .venv/bin/python benchmarks/fast_step_ab.py /tmp/a2base /tmp/a2new --format int8
@@ -35,7 +35,8 @@ import torch
 
 from memwall.bench import workload
 from memwall.bench.batch import cache_with_context
-from memwall.engine import Transformer, cpu_kernels
+from memwall.engine import Transformer
+from memwall.engine.cpu import kernels as cpu_kernels
 from memwall.engine.cpu import build, fast_decode
 from memwall.engine.quant import quantize
 

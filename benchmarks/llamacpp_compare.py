@@ -108,7 +108,7 @@ def memwall_runner(threads: int, fast: bool):
 
     from memwall import models
     from memwall.engine import Transformer, generate
-    from memwall.engine.cpu.fast_decode import accelerate
+    from memwall.engine.accelerate import accelerate
     from memwall.engine.quant import quantize
 
     torch.set_num_threads(threads)

@@ -151,7 +151,7 @@ def bench_batch(
     engine_model = Transformer.from_hf(hf_model)
     del hf_model
     if fast and torch.device(device).type == "cpu":
-        from memwall.engine.cpu.fast_decode import accelerate
+        from memwall.engine.accelerate import accelerate
 
         engine_model = accelerate(engine_model)
     if hardware is None:

@@ -127,7 +127,7 @@ def bench_decode(
             for wrapped in wrappers:
                 timed, tag = variant, label + ("-fast" if wrapped and fast == "both" else "")
                 if wrapped and torch.device(device).type == "cpu":
-                    from memwall.engine.cpu.fast_decode import accelerate
+                    from memwall.engine.accelerate import accelerate
 
                     timed = accelerate(variant)
                 runs[tag] = lambda m=timed: time_memwall(m, prompt, new_tokens)
