@@ -65,12 +65,24 @@ class UsageError(Exception):
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" to an option's help, unless the help already speaks of it."""
+    """Gives each option's default once: "(default: X)", unless the help already speaks of it.
+
+    A help that states its default bare, "(8192)", gets the word instead of a second copy; a
+    default that means "nothing" (None, False, an empty list) is not shown.
+    """
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
+        default = action.default
+        nothing = default is None or default is False or default is argparse.SUPPRESS
+        if "default" in text or nothing or (isinstance(default, (list, tuple)) and not default):
             return text
+        spellings = [default]
+        if isinstance(default, float) and default.is_integer():
+            spellings.append(int(default))  # "(30)" for 30.0
+        for value in spellings:
+            if f"({value})" in text:
+                return text.replace(f"({value})", f"(default: {value})", 1)
         return f"{text} (default: %(default)s)"
 
 

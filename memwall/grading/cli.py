@@ -14,7 +14,7 @@ def register_cli(subparsers):
     exercises = subparsers.add_parser(
         "exercises",
         help="regenerate exercises/ from solutions/ (or --check that they agree)",
-        description="Write the student copy of every solutions/*.ipynb into exercises/.",
+        description="Write the student copy of every solutions/*.md into exercises/.",
     )
     exercises.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 if out of sync"
@@ -29,7 +29,7 @@ def register_cli(subparsers):
         help="grade a folder of submitted notebooks into a CSV",
         description=(
             "Grade <student>__NN_slug.ipynb (or <student>/NN_slug.ipynb) files against "
-            "solutions/NN_slug.ipynb: one CSV row per notebook, one feedback file each."
+            "solutions/NN_slug.md: one CSV row per notebook, one feedback file each."
         ),
     )
     grade.add_argument(
