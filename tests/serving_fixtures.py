@@ -70,3 +70,69 @@ def patched_step(server, before_step):
         yield
     finally:
         del scheduler.step  # back to the class's method
+
+
+def tiny_engine_for_a_process(seed: int = 0):
+    """The tiny random-weight engine, built in a process of its own (as conftest's tiny_engine)."""
+    import torch
+
+    from memwall import models
+    from memwall.engine import Transformer
+    from memwall.specs import ModelSpec
+
+    spec = ModelSpec(
+        name="tiny",
+        n_layers=3,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        d_ff=160,
+        vocab_size=256,
+        tied_embeddings=True,
+        max_context=256,
+    )
+    model = models.random_init(spec, dtype=torch.float32, seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8)
+    return Transformer.from_hf(model)
+
+
+def main() -> int:
+    """`python tests/serving_fixtures.py`: serve the tiny model as `memwall serve` does (engine in
+    the main thread, SIGTERM/SIGINT drain it), print "port N", and exit with serve's code."""
+    import argparse
+
+    from memwall.serving.cli import log_to_stderr
+    from memwall.serving.shutdown import serve_until_signalled
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds before each step")
+    parser.add_argument("--shutdown-timeout", type=float, default=1.0)
+    parser.add_argument("--max-batch", type=int, default=8)
+    args = parser.parse_args()
+    server = start_server(
+        tiny_engine_for_a_process(),
+        ByteTokenizer(),
+        "tiny",
+        "127.0.0.1",
+        0,
+        kv_tokens=4096,
+        block_size=8,
+        max_batch=args.max_batch,
+        engine_thread=False,
+    )
+    if args.step_delay:
+        scheduler, step = server.loop.scheduler, server.loop.scheduler.step
+        scheduler.step = lambda: (time.sleep(args.step_delay), step())[1]
+    log_to_stderr()
+    print(f"port {server.server_port}", flush=True)
+    outcome = serve_until_signalled(server, args.shutdown_timeout)
+    print(f"stopped {outcome}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,7 +5,13 @@
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import socket
+import sys
+
+API_KEY_VARIABLE = "MEMWALL_API_KEY"
 
 
 def register_cli(subparsers):
@@ -15,9 +21,17 @@ def register_cli(subparsers):
     )
     parser.add_argument("--model", default="smollm2-135m", help="model name or hub id")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="TCP port to listen on, 1-65535 (0: any free one)"
+    )
     parser.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--dtype", help="fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument(
+        "--fast",
+        choices=("on", "off"),
+        default="on",
+        help="on: the device's speed path (accelerate); off: the readable engine, for teaching",
+    )
     parser.add_argument(
         "--max-batch", type=int, default=16, help="requests decoded together (default 16)"
     )
@@ -34,29 +48,87 @@ def register_cli(subparsers):
         default=0,
         help="prefill at most this many prompt tokens per step, between decode steps (0: whole)",
     )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds the requests in flight get to finish (30)",
+    )
+    parser.add_argument(
+        "--api-key",
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_VARIABLE})",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated web origins whose pages may call the API, or '*' (default: none)",
+    )
     parser.set_defaults(run=run_serve)
 
 
-def ensure_port_free(host: str, port: int) -> None:
-    """A ValueError naming the port when something already listens there, before the slow load."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+def check_address(host: str, port: int) -> None:
+    """A one-line ValueError if the server could not listen on host:port, before the slow load."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be between 1 and 65535 (or 0 for any free port), got {port}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError):
+        raise ValueError(
+            f"--host {host!r} is not an address or a name this machine can resolve; "
+            "use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        ) from None
+    with socket.socket(family) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself does
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise ValueError(
-                f"cannot serve on {host}:{port}: {error.strerror}; choose another --port."
-            ) from None
+            if error.errno == errno.EADDRINUSE:
+                advice = "something listens there already; choose another --port"
+            elif error.errno == errno.EADDRNOTAVAIL:
+                advice = (
+                    f"{host} is not an address of this machine; use 127.0.0.1 (this machine "
+                    "only) or 0.0.0.0 (every interface)"
+                )
+            elif error.errno == errno.EACCES:
+                advice = "ports below 1024 need privileges; choose a --port of 1024 or more"
+            else:
+                advice = error.strerror or str(error)
+            raise ValueError(f"cannot serve on {host}:{port}: {advice}") from None
+
+
+def log_to_stderr() -> None:
+    """The access log and shutdown messages, one line each, on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("memwall.serving")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def run_serve(args):
-    ensure_port_free(args.host, args.port)
-    from memwall.bench import harness, workload
-    from memwall.engine import shared_engine
-    from memwall.serving.server import start_server
-
     if args.prefill_chunk < 0 or args.max_batch < 1 or args.max_queue < 0:
         raise ValueError("--prefill-chunk and --max-queue must be >= 0 and --max-batch >= 1")
+    if not args.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    check_address(args.host, args.port)
+    from memwall.serving.access import Access, is_loopback
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    origins = [o for o in args.allowed_origins.split(",") if o.strip()]
+    Access(api_key, origins)  # a ValueError for an empty key, before the slow load
+    if api_key is None and not is_loopback(args.host):
+        print(
+            f"warning: serving on {args.host} without an API key: anyone who can reach this "
+            f"machine may use it (set --api-key or ${API_KEY_VARIABLE})",
+            file=sys.stderr,
+            flush=True,
+        )
+    from memwall.bench import harness, workload
+    from memwall.engine import shared_engine
+    from memwall.engine.accelerate import accelerate
+    from memwall.serving.server import start_server
+    from memwall.serving.shutdown import serve_until_signalled
+
     device = harness.resolve_device(args.device)
     dtype = harness.resolve_dtype(args.dtype, device)
     hf_model, tokenizer = workload.load_model(args.model, dtype, device)
@@ -64,8 +136,10 @@ def run_serve(args):
         raise ValueError(f"{args.model!r} has no tokenizer to serve text with; use a real model")
     engine = shared_engine(hf_model)  # read into the engine: never two copies at once
     del hf_model  # the engine holds its own copy of the weights
+    model = accelerate(engine) if args.fast == "on" else engine  # same weights either way
+    log_to_stderr()
     server = start_server(
-        engine,
+        model,
         tokenizer,
         args.model,
         args.host,
@@ -76,18 +150,25 @@ def run_serve(args):
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk or None,
         engine_thread=False,  # the engine runs in this (main) thread, below
+        api_key=api_key,
+        allowed_origins=origins,
     )
     chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
+    path = "fast path" if args.fast == "on" else "readable engine"
     print(
-        f"memwall serving {args.model} on {device} ({dtype}) at "
+        f"memwall serving {args.model} on {device} ({dtype}, {path}) at "
         f"http://{args.host}:{server.server_port}/v1: batches of up to {args.max_batch}, "
-        f"{args.kv_tokens} KV slots{chunk} (Ctrl-C to stop)",
+        f"{args.kv_tokens} KV slots{chunk} (Ctrl-C or SIGTERM to stop)",
         flush=True,
     )
     try:
-        server.loop.run_here()  # until Ctrl-C; the HTTP server answers from its own threads
-    except KeyboardInterrupt:
-        pass
-    finally:
+        outcome = serve_until_signalled(server, args.shutdown_timeout)
+    except BaseException:
         server.shutdown()
+        raise
+    print(
+        f"memwall serve stopped ({outcome.get('signal')}): {outcome.get('finished', 0)} "
+        f"request(s) finished, {outcome.get('cut', 0)} cut short",
+        flush=True,
+    )
     return 0

@@ -8,6 +8,10 @@ the running batch only at step boundaries and the scheduler is used by one threa
 Admission is the scheduler's: a request runs once the batch has a free place and the paged cache
 has free blocks for its prompt. Requests beyond that wait, and at most `max_queue` may wait:
 past that `submit` raises QueueFull, which the server answers with 503 and Retry-After.
+
+`close()` ends every request still here with a ("shutdown", message) event and frees its blocks:
+a graceful shutdown calls it once the requests in flight had their time to finish. The loop feeds
+`metrics` (ServingMetrics) as tokens are made: `/metrics` reads it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
 from memwall.engine.sampling import Sampling
 from memwall.engine.scheduler import Request, Scheduler
+from memwall.serving.metrics import ServingMetrics
 
 HISTORY_STEPS = 100_000  # per-step records kept, so a server that runs for days stays small
 
@@ -32,11 +38,15 @@ class QueueFull(RuntimeError):
 @dataclass
 class Ticket:
     """The handler's side of one request: (token, finish_reason) pairs arrive in `events`, the
-    last with a finish reason; ("error", message) if the engine failed."""
+    last with a finish reason; ("error", message) if the engine failed, ("shutdown", message) if
+    the server ended it."""
 
     request_id: int
     prompt_tokens: int
     events: queue.Queue = field(default_factory=queue.Queue)
+    arrival_s: float = field(default_factory=time.perf_counter)
+    last_token_s: float | None = None  # engine thread only, as the two fields below
+    tokens: int = 0
 
 
 class EngineLoop:
@@ -65,13 +75,15 @@ class EngineLoop:
         self._ids = itertools.count()
         self._wake = threading.Condition()
         self._inbox: list[tuple[Request, Ticket]] = []
-        self._aborts: list[int] = []
+        self._aborts: list[tuple[int, str]] = []
         self._tickets: dict[int, Ticket] = {}  # touched by the engine thread only
         self._scheduler_waiting = 0  # len(scheduler.waiting) after the last step
         # The last requests that finished (not aborted), with their step counts, for studies.
         self.finished = deque(maxlen=256)
         self._closing = False
         self.failures = 0  # steps that raised (their requests got an error event)
+        self.metrics = ServingMetrics()
+        self._close_message = "the server shut down"
         self._started, self._stopped = False, threading.Event()
         self._thread = None
         if background:
@@ -104,10 +116,11 @@ class EngineLoop:
             self._wake.notify()
         return ticket
 
-    def abort(self, request_id: int) -> None:
-        """Drop a request (its client left, or a stop string ended it); its blocks are freed."""
+    def abort(self, request_id: int, reason: str = "abort") -> None:
+        """Drop a request; its blocks are freed. reason: "abort" (the client left) or "stop" (a
+        stop string ended it), as /metrics counts it."""
         with self._wake:
-            self._aborts.append(request_id)
+            self._aborts.append((request_id, reason))
             self._wake.notify()
 
     def _free_places(self) -> int:
@@ -140,9 +153,11 @@ class EngineLoop:
         finally:
             self._stopped.set()
 
-    def close(self) -> None:
+    def close(self, message: str = "the server shut down") -> None:
+        """Stop the loop; every request still here gets ("shutdown", message) and its blocks."""
         with self._wake:
-            self._closing = True
+            if not self._closing:
+                self._closing, self._close_message = True, message
             self._wake.notify()
         if not self._started or self._stopped.wait(timeout=30):
             # Free the KV pool now: the HTTP handler classes keep this loop reachable until the
@@ -167,22 +182,28 @@ class EngineLoop:
                     request.arrival_step = scheduler.step_index  # it joins at this step
                     scheduler.submit(request)
                     self._tickets[ticket.request_id] = ticket
+                    self.metrics.admitted(ticket.prompt_tokens)
                 except ValueError as error:
                     ticket.events.put(("error", str(error)))
-            for request_id in aborts:
+            for request_id, reason in aborts:
                 scheduler.abort(request_id)
-                self._tickets.pop(request_id, None)
+                ticket = self._tickets.pop(request_id, None)
+                if ticket is not None:  # (not when it had finished already)
+                    self._ended(ticket, reason)
             if not scheduler.idle:
                 try:
                     scheduler.step()
                 except Exception:  # never leave a client waiting forever on a dead engine
-                    self._fail_everything(traceback.format_exc(limit=3))
+                    self.failures += 1
+                    self._end_everything("error", traceback.format_exc(limit=3))
             with self._wake:
                 self._scheduler_waiting = len(scheduler.waiting)
             self._trim_history()
-        for _, ticket in self._inbox:
-            ticket.events.put(("error", "the server shut down"))
-        self._fail_everything("the server shut down")
+        with self._wake:
+            inbox, self._inbox = self._inbox, []
+        for _, ticket in inbox:
+            ticket.events.put(("shutdown", self._close_message))
+        self._end_everything("shutdown", self._close_message)
 
     def _trim_history(self) -> None:
         scheduler = self.scheduler
@@ -199,15 +220,23 @@ class EngineLoop:
         ticket = self._tickets.get(result.request_id)
         if ticket is None:
             return
+        now = time.perf_counter()
+        self.metrics.token(now - (ticket.last_token_s or ticket.arrival_s), ticket.tokens == 0)
+        ticket.last_token_s, ticket.tokens = now, ticket.tokens + 1
         if finish_reason is not None:
             self.finished.append(result)  # before the client can hear that it finished
             del self._tickets[result.request_id]
+            self._ended(ticket, finish_reason)
         ticket.events.put((token, finish_reason))
 
-    def _fail_everything(self, message: str) -> None:
-        self.failures += 1
+    def _ended(self, ticket: Ticket, reason: str) -> None:
+        self.metrics.ended(reason, time.perf_counter() - ticket.arrival_s)
+
+    def _end_everything(self, kind: str, message: str) -> None:
+        """Abort every request (their blocks are freed) and tell each client why."""
         for entry in [*self.scheduler.waiting, *self.scheduler.running]:
             self.scheduler.abort(entry.request.request_id)
         for ticket in self._tickets.values():
-            ticket.events.put(("error", message))
+            self._ended(ticket, kind)
+            ticket.events.put((kind, message))
         self._tickets.clear()
