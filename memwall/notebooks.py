@@ -14,6 +14,7 @@ grader and a student's editor agree on them whatever else moves.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -113,13 +114,75 @@ def generated_notebooks(root: Path | str = ".") -> dict:
     root = Path(root)
     repo_url = repository_url(root)
     outputs = {}
-    for source_folder, target_folder, student_copy in FOLDERS:
+    for source_folder, target_folder, is_student_copy in FOLDERS:
         for path in source_paths(root / source_folder):
             nb = read_source(path, repo_url)
-            if student_copy:
-                nb = make_student_copy(nb, path.name)
+            if is_student_copy:
+                nb, data = student_copy(path, nb)
+                outputs.update(data)
             outputs[f"{target_folder}/{path.stem}.ipynb"] = nbformat.writes(nb) + "\n"
+    outputs.update(practice_data(root))
     return outputs
+
+
+def student_copy(path: Path, solution) -> tuple:
+    """The one way a student copy is made (``memwall notebooks``, ``memwall exercises``, the
+    drift tests): the answers blanked, the widgets pointed at recorded curves. Returns the
+    notebook and the data files it reads (relative path -> text)."""
+    student = make_student_copy(solution, Path(path).name)
+    return student, widget_curves(Path(path).parent / "checks", solution, student)
+
+
+def widget_curves(key, solution, student) -> dict:
+    """Record the reference curves of a solution's widgets (widgets/recorded.py) and point the
+    student copy's widget cells at them; relative path -> JSON text."""
+    from memwall.grading.answer_key import use_key
+    from memwall.widgets.recorded import CURVES_DIR, record_curves, student_widget_source
+
+    if not any("key_module" in cell.source for cell in solution.cells):
+        return {}
+    use_key(_key_or_found(key))
+    curves = record_curves(solution)
+    for cell in student.cells:
+        if cell.cell_type == "code" and cell.get("id") in curves:
+            cell.source = student_widget_source(cell.source, cell.id)
+    if not curves:
+        return {}
+    folder = CURVES_DIR.relative_to(Path(__file__).resolve().parent.parent)
+    chapter = next(iter(curves))[1:3]
+    return {f"{folder}/{chapter}.json": json.dumps(curves, separators=(",", ":")) + "\n"}
+
+
+def _key_or_found(key: Path):
+    """``key`` if it holds the answer key, else the key found from here (answer_key.py)."""
+    from memwall.grading.answer_key import key_folder
+
+    return key if (key / "__init__.py").is_file() else key_folder()
+
+
+def practice_data(root: Path) -> dict:
+    """Relative path -> JSON text: each chapter's practice cases with the key's answers, which
+    the student's check cells compare with (grading/expected.py). Data, never the key's code."""
+    from memwall.grading.answer_key import KEY_IN_CHECKOUT, use_key
+    from memwall.grading.expected import EXPECTED_DIR, record_chapter
+
+    key = _key_or_found(root / KEY_IN_CHECKOUT)
+    if key is None:
+        return {}
+    use_key(key)
+    names = {}
+    for path in source_paths(root / "solutions"):
+        for cell in read_source(path, DEFAULT_REPOSITORY).cells:
+            if check_name(cell):
+                names.setdefault(check_name(cell).split(".", 1)[0], []).append(check_name(cell))
+    folder = EXPECTED_DIR.relative_to(Path(__file__).resolve().parent.parent)
+    return {
+        f"{folder}/{prefix}.json": json.dumps(
+            record_chapter(sorted(chapter)), separators=(",", ":")
+        )
+        + "\n"
+        for prefix, chapter in sorted(names.items())
+    }
 
 
 def write_notebooks(root: Path | str = ".", check: bool = False) -> list:

@@ -10,9 +10,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from memwall.grading import check, get_check, grade, make_student_copy, validate_solution
+from memwall.grading import check, get_check, grade, validate_solution
 from memwall.grading.cells import BEGIN_SOLUTION, check_cells, check_name
 from memwall.grading.sync import notebook_signature, notebooks_in, read_notebook, sync_exercises
+from memwall.notebooks import student_copy
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "grading"
@@ -44,7 +45,7 @@ def test_committed_exercises_are_in_sync(pair):
 
 @pytest.mark.parametrize("solution_path", SOLUTION_PATHS, ids=label)
 def test_generated_copy_equals_committed_copy(solution_path):
-    generated = make_student_copy(read_notebook(solution_path), solution_path.name)
+    generated, _ = student_copy(solution_path, read_notebook(solution_path))
     committed = read_notebook(exercise_path(solution_path))
     assert notebook_signature(committed) == notebook_signature(generated)
 

@@ -66,7 +66,9 @@ def test_the_grader_judges_a_served_function_itself(tmp_path, monkeypatch):
 def test_a_measured_case_stays_in_the_grader(tmp_path, monkeypatch):
     """The student's function gets a stand-in for the workload: its methods run in the grader,
     and the true step times (private attributes) are not in the student's process to read."""
-    from memwall.grading.checks.demo import reference_mean_step_s
+    from memwall.grading.answer_key import key_module
+
+    reference_mean_step_s = key_module("demo").reference_mean_step_s
 
     seen = []
 

@@ -172,7 +172,7 @@ FORKER = (
 
 ATTACKERS = {
     "delegator": dict(
-        ex1="from memwall.grading.checks.demo import reference_matrix_bytes\n"
+        ex1="from memwall_answer_key.demo import reference_matrix_bytes\n"
         + "def matrix_bytes(rows, cols, bytes_per_element):\n    return reference_matrix_bytes(rows, cols, bytes_per_element)\n",
         ex2="def matmul_intensity(m, n, k, bytes_per_element):\n"
         "    return reference_matmul_intensity(m, n, k, bytes_per_element)\n",

@@ -2,18 +2,21 @@
 
 The exercise format
 ===================
-``solutions/NN_slug.ipynb`` is the single source of truth; ``exercises/NN_slug.ipynb`` is
-generated from it by ``memwall exercises`` and never edited by hand. A solution notebook holds,
-for each exercise, three kinds of cells (nbformat 4.5, so every cell has an id):
+``solutions/NN_slug.md`` (MyST Markdown) is the single source of truth; ``exercises/NN_slug.ipynb``
+is generated from it by ``memwall notebooks`` (``memwall exercises`` is the same generator,
+for exercises/ only) and never edited by hand. A solution notebook holds, for each exercise,
+three kinds of cells (nbformat 4.5, so every cell has an id):
 
 1. An **exercise cell** (code). Cell metadata ``{"memwall": {"solution": "ch01.ttft",
-   "hint": "prefill time grows with the prompt"}}``; the answer sits between
+   "hint": "what grows with the prompt?"}}``; the answer sits between
    ``### BEGIN SOLUTION`` and ``### END SOLUTION`` lines (the nbgrader markers). The student copy
    replaces each span with ``raise NotImplementedError("Exercise N: <hint>")`` at the marker's
    indentation, so put the markers inside a function body. Start the cell with the ``def`` line:
    the grader uses it to find the cell when an editor drops the metadata.
-2. Usually a **widget cell** that plots the student's function next to memwall's
-   (``memwall.widgets.compare_plot``); it shows "not implemented yet" for a blank exercise.
+2. Usually a **widget cell** that plots the student's function next to the reference
+   (``memwall.widgets.compare_plot(fn, key_module("ch01").reference_ttft, ...)``); it shows
+   "not implemented yet" for a blank exercise. The student copy draws the reference from curves
+   recorded by ``memwall notebooks`` (``memwall.widgets.recorded``), never from the key.
 3. A **check cell**. Cell metadata ``{"memwall": {"check": "ch01.ttft", "points": 2}}``, source::
 
        from memwall.grading import check
@@ -23,17 +26,18 @@ for each exercise, three kinds of cells (nbformat 4.5, so every cell has an id):
    it ``raises-exception``: nbval would then pass a blank exercise.
 
 Each chapter has at least three check cells. ``validate_solution(nb)`` lists what breaks these
-rules.
+rules. A hint names the idea or the quantity to look at, never the finished expression.
 
 Writing a check
 ===============
-The check named ``"ch01.ttft"`` lives in ``memwall/grading/checks/ch01.py`` and is found
-automatically from the prefix. A check is three parts: a **case generator**, a **reference** and
-a **comparison**::
+The check named ``"ch01.ttft"`` lives in the answer key, ``solutions/checks/ch01.py``, which
+never ships in the package (``answer_key.py`` finds it beside the solutions); the prefix names
+the module. A check is three parts: a **case generator**, a **reference** and a
+**comparison**::
 
     from memwall.grading.registry import register_cases
 
-    def reference_ttft(prompt_tokens, tokens_per_second):
+    def reference_ttft(prompt_tokens, tokens_per_second):  # in solutions/checks/ch01.py
         return prompt_tokens / tokens_per_second * 1000
 
     @register_cases("ch01.ttft", reference=reference_ttft, rtol=1e-6,

@@ -12,6 +12,7 @@ import random
 import secrets
 from dataclasses import dataclass
 
+from memwall.grading.answer_key import NoAnswerKey
 from memwall.grading.registry import get_check
 
 PASS_MARK = "✓"
@@ -29,11 +30,40 @@ class Verdict:
 def check(name, answer, **context):
     """Grade ``answer`` (usually the student's function) with the check registered as ``name``."""
     __tracebackhide__ = True  # IPython hides this frame: students see the message, not memwall.
+    try:
+        spec = get_check(name)
+    except NoAnswerKey:  # a student's install: the precomputed practice cases instead
+        return check_practice(name, answer)
     rng = random.Random(f"{name}:{random_component()}")
-    verdict = run_check(get_check(name), answer, rng, **context)
+    verdict = run_check(spec, answer, rng, **context)
     if not verdict.passed:
         raise AssertionError(verdict.message)
     print(f"{PASS_MARK} {name}: {verdict.message}")
+
+
+def check_practice(name, answer):
+    """``check`` without the key: compare with the recorded practice cases (expected.py)."""
+    __tracebackhide__ = True
+    verdict = run_check(PracticeCheck(name), answer, None)
+    if not verdict.passed:
+        raise AssertionError(verdict.message)
+    if verdict.message.startswith("0/"):
+        print(f"{name}: no practice cases here; your instructor's grader checks this one")
+        return
+    print(f"{PASS_MARK} {name}: {verdict.message.replace('cases', 'practice cases')}")
+
+
+@dataclass(frozen=True)
+class PracticeCheck:
+    """The part of a CheckSpec that run_check needs, backed by the recorded cases."""
+
+    name: str
+
+    def function(self, answer, rng):
+        from memwall.grading.expected import replay
+
+        count = replay(self.name, answer)
+        return count if count else "none"
 
 
 def run_check(spec, answer, rng, **context) -> Verdict:
@@ -49,6 +79,8 @@ def run_check(spec, answer, rng, **context) -> Verdict:
         return Verdict(
             False, f"{name}: checking your answer raised {type(error).__name__}: {error}"
         )
+    if cases == "none":
+        return Verdict(True, "0/0 cases passed")
     cases = cases if isinstance(cases, int) and cases > 0 else 1
     return Verdict(True, f"{cases}/{cases} cases passed")
 

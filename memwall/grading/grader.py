@@ -18,8 +18,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memwall.grading.answer_key import key_folder, use_key
 from memwall.grading.cells import check_cells
 from memwall.grading.channel import GraderChannel
+from memwall.grading.copied import copied_flags, key_fingerprints
 from memwall.grading.execute import Setup, kill_running_notebooks, run_notebook
 from memwall.grading.readiness import check_ready, resolve_sandbox
 from memwall.grading.registry import get_check
@@ -114,6 +116,7 @@ def grade(
     writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
     submissions, skipped = find_submissions(submissions_dir)
     solutions = SolutionBook(solutions_dir)
+    use_key(solutions.find_key())  # the references: beside the solutions, never in the package
     jobs = int(jobs)
     options = Options(
         float(timeout), float(cell_timeout), float(call_timeout or cell_timeout), use_sandbox,
@@ -144,7 +147,30 @@ class SolutionBook:
 
     def __init__(self, solutions_dir):
         self.folder = Path(solutions_dir)
+        self.key_folder = self.folder / "checks"
         self._cache = {}
+        self._key_prints = None
+
+    def find_key(self) -> Path:
+        """``<solutions>/checks``, else the key found from here (answer_key.key_folder)."""
+        if not (self.key_folder / "__init__.py").is_file():
+            found = key_folder()
+            if found is None:
+                raise ValueError(
+                    f"no answer key: expected {self.key_folder}/__init__.py beside the solutions"
+                )
+            self.key_folder = found
+        return self.key_folder
+
+    def key_prints(self) -> dict:
+        """Fingerprints of the key's code, to flag a copied answer (copied.py)."""
+        if self._key_prints is None:
+            sources = []
+            for path in notebooks_in(self.folder):
+                nb = read_notebook(path)
+                sources += [cell.source for cell in nb.cells if cell.cell_type == "code"]
+            self._key_prints = key_fingerprints(self.key_folder, sources)
+        return self._key_prints
 
     def get(self, chapter):
         if chapter not in self._cache:
@@ -192,6 +218,7 @@ def _grade_into(row, submission, solutions, options, deadline):
         return
     # The scan is linear in the code's length and its time counts against the notebook's.
     flags = tampering_flags(restored.student_sources)
+    flags += copied_flags(restored.student_sources, solutions.key_prints())
     notebook = serve_checks(restored.nb)
     checks = {name: get_check(name) for _, name, _ in check_cells(notebook)}
     run, verdicts = run_with_channel(notebook, checks, options, deadline - time.monotonic())

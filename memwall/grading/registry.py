@@ -1,8 +1,9 @@
-"""The registry of exercise checks, filled on demand from memwall/grading/checks/.
+"""The registry of exercise checks, filled on demand from the answer key (solutions/checks/).
 
-A check named ``"ch01.ttft"`` lives in the module ``memwall.grading.checks.ch01``, which is
-imported the first time one of its checks is asked for. A check module therefore costs nothing
-until a notebook uses it, and adding a chapter needs no central list.
+A check named ``"ch01.ttft"`` lives in the key's module ``ch01.py`` (``answer_key.py`` finds the
+key; it never ships to students), which is imported the first time one of its checks is asked
+for. A check module therefore costs nothing until a notebook uses it, and adding a chapter needs
+no central list.
 
 Two ways to register a check, both served by the notebook's ``check()`` and by the grader:
 
@@ -13,13 +14,11 @@ Two ways to register a check, both served by the notebook's ``check()`` and by t
   calls ``compare_function``, for checks whose calls depend on each other.
 """
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from memwall.grading.answer_key import import_key_module
 from memwall.grading.compare import DEFAULT_RTOL, compare_function, difference
-
-CHECKS_PACKAGE = "memwall.grading.checks"
 
 _REGISTRY = {}
 
@@ -79,16 +78,12 @@ def _add(spec):
 
 
 def get_check(name) -> CheckSpec:
-    """The check called ``name``, importing its chapter's module if needed."""
+    """The check called ``name``, importing its chapter's module from the key if needed.
+
+    Raises ``answer_key.NoAnswerKey`` where the key is absent, LookupError for an unknown name.
+    """
     if name not in _REGISTRY:
-        prefix = name.split(".", 1)[0]
-        module_name = f"{CHECKS_PACKAGE}.{prefix}"
-        try:
-            importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            raise LookupError(f"no check module {module_name} for check {name!r}") from None
+        import_key_module(name.split(".", 1)[0])
     if name not in _REGISTRY:
         known = sorted(n for n in _REGISTRY if n.startswith(name.split(".", 1)[0] + "."))
         raise LookupError(f"no check named {name!r}; registered in that module: {known}")

@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 
 from memwall.grading.cells import METADATA_KEY
-from memwall.grading.student_copy import cell_source, make_student_copy
-from memwall.notebooks import read_source
+from memwall.grading.student_copy import cell_source
+from memwall.notebooks import read_source, student_copy
 
 
 def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=False) -> list:
@@ -24,7 +24,8 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
     out_of_sync = []
     solution_paths = notebooks_in(solutions_dir)
     for solution_path in solution_paths:
-        expected = make_student_copy(read_notebook(solution_path), solution_path.name)
+        expected, data = student_copy(solution_path, read_notebook(solution_path))
+        out_of_sync += write_data(data, check)
         target = exercises_dir / f"{solution_path.stem}.ipynb"
         if target.exists() and notebook_signature(read_notebook(target)) == notebook_signature(
             expected
@@ -43,6 +44,21 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
             if not check and is_generated(read_notebook(stale)):
                 stale.unlink()
     return out_of_sync
+
+
+def write_data(data: dict, check: bool) -> list:
+    """Write the data files a student copy reads (recorded curves) into the package."""
+    package_root = Path(__file__).resolve().parents[2]
+    changed = []
+    for relative, text in data.items():
+        target = package_root / relative
+        if target.is_file() and target.read_text() == text:
+            continue
+        changed.append(f"{target}: out of date")
+        if not check:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    return changed
 
 
 def notebook_signature(nb):

@@ -20,9 +20,15 @@ def compare_plot(student_fn, reference_fn, x, sliders=None, title=None, xlabel=N
     called as ``fn(**{name: value, **slider_values})`` for every value and must return a number.
     ``sliders`` maps the other argument names to ``(min, max, step[, value])`` for a slider, a
     list of choices for a dropdown, a ready-made ipywidget, or a plain value to hold fixed.
-    Returns the widget (a cell ending with it displays it).
+    Returns the widget (a cell ending with it displays it). In a student's copy the reference
+    is ``recorded_curves(...)`` (recorded.py): the sliders then step through its settings.
     """
     import ipywidgets as widgets
+
+    from memwall.widgets.recorded import RecordedCurves
+
+    if isinstance(reference_fn, RecordedCurves):
+        x, sliders = reference_fn.x, recorded_sliders(reference_fn)
 
     controls, fixed = {}, {}
     for name, spec in (sliders or {}).items():
@@ -45,6 +51,19 @@ def compare_plot(student_fn, reference_fn, x, sliders=None, title=None, xlabel=N
     return widgets.VBox(
         [widgets.HBox(list(controls.values())) if controls else widgets.HBox(), output]
     )
+
+
+def recorded_sliders(curves) -> dict:
+    """Sliders that step through the settings the reference was recorded at."""
+    import ipywidgets as widgets
+
+    sliders = dict(curves.fixed)
+    for name, values in curves.sliders.items():
+        sliders[name] = widgets.SelectionSlider(
+            options=values, value=curves.start.get(name, values[0]), description=name,
+            continuous_update=False,
+        )  # fmt: skip
+    return sliders
 
 
 def make_control(name, spec):

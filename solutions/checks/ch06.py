@@ -12,7 +12,8 @@ import math
 
 from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
-from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
+from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
+from memwall.widgets.practice import blocks_in_use, random_events  # noqa: F401
 
 # A sound interleaved method lands within ~2% of the true speed-ups; drift moves a naive one 10%+.
 SPEEDUP_RTOL = 0.06
@@ -207,44 +208,6 @@ def _new_blocks_every_append(events, n_blocks, block_size):
         else:
             free.update(tables.pop(event[1], []))
     return tables
-
-
-def random_events(rng, n_events, n_blocks, block_size, max_sequences=5):
-    """A stream of appends (prompts, then mostly single decode tokens) and frees that never needs
-    more than n_blocks blocks, so any correct allocator can serve it."""
-    events, lengths, next_seq = [], {}, 0
-
-    def blocks_after(seq, tokens):
-        others = sum(math.ceil(n / block_size) for s, n in lengths.items() if s != seq)
-        return others + math.ceil((lengths.get(seq, 0) + tokens) / block_size)
-
-    while len(events) < n_events:
-        roll = rng.random()
-        if lengths and (roll < 0.15 or len(lengths) >= max_sequences):
-            seq = rng.choice(sorted(lengths))
-            events.append(("free", seq))
-            del lengths[seq]
-            continue
-        if not lengths or roll < 0.35:
-            seq, tokens = next_seq, rng.randint(1, 3 * block_size)
-        else:
-            seq, tokens = rng.choice(sorted(lengths)), 1
-        if blocks_after(seq, tokens) > n_blocks:
-            if lengths:
-                seq = rng.choice(sorted(lengths))
-                events.append(("free", seq))
-                del lengths[seq]
-            continue
-        if seq == next_seq:
-            next_seq += 1
-        events.append(("append", seq, tokens))
-        lengths[seq] = lengths.get(seq, 0) + tokens
-    return events
-
-
-def blocks_in_use(allocator, events, n_blocks, block_size):
-    """How many blocks `allocator` holds after `events`: a number, for plots."""
-    return sum(len(table) for table in allocator(events, n_blocks, block_size).values())
 
 
 @register("ch06.block_tables", wrong_answers=[_never_reuses, _new_blocks_every_append])

@@ -8,7 +8,7 @@
 
 from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
-from memwall.grading.checks.measured import compare_measured, noisy_machine
+from memwall.grading.measured_compare import compare_measured, noisy_machine
 
 CASES_PER_CHECK = 12
 

@@ -9,7 +9,7 @@
 
 from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, register
-from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
+from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
 
 CASES = 12
 # A sound A/B method lands within 1-2% of the truth on these machines; a naive one is off by 10-40%.

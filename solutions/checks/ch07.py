@@ -12,8 +12,9 @@ import numpy as np
 
 from memwall.fakeclock import bench_spec
 from memwall.grading import compare_function, numpy_rng, register
-from memwall.grading.checks.measured import compare_measured, drifting, noisy_machine
+from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
 from memwall.grading.registry import register_cases
+from memwall.widgets.practice import relative_rms_error  # noqa: F401
 
 # A sound interleaved method lands within ~2% of the true speed-ups; drift moves a naive one 10%+.
 SPEEDUP_RTOL = 0.06
@@ -92,16 +93,6 @@ def check_symmetric_quantize(student, rng):
         )  # rows with different ranges
         cases.append(dict(w=w, bits=rng.choice([2, 3, 4, 6, 8])))
     return compare_function(student, reference_symmetric_quantize, cases, rtol=1e-5, atol=1e-6)
-
-
-def relative_rms_error(quantize, bits, outlier=0.0, seed=0):
-    """How far `quantize(w, bits)` lands from w, relative to w's RMS, on a fixed random matrix with
-    one weight per row multiplied by `outlier` (for the widget)."""
-    w = np.random.default_rng(seed).normal(0, 1, (64, 256)).astype(np.float32)
-    if outlier:
-        w[:, 0] *= outlier
-    error = np.asarray(quantize(w, bits), dtype=np.float64) - w
-    return float(np.sqrt((error**2).mean()) / np.sqrt((w.astype(np.float64) ** 2).mean()))
 
 
 # ---- 4. the format that fits a memory budget -----------------------------------------------------

@@ -11,6 +11,7 @@ import math
 
 from memwall.grading import compare_function, register
 from memwall.grading.registry import register_cases
+from memwall.widgets.practice import attention_after_pooling, grouped_attention, pooling_error  # noqa: F401
 
 CASES_PER_CHECK = 12
 
@@ -126,26 +127,6 @@ def reference_mean_pool_heads(kv, n_groups):
     return kv.reshape(batch, n_groups, heads // n_groups, tokens, head_dim).mean(dim=2)
 
 
-def grouped_attention(q, k, v):
-    """Softmax attention where query head h reads KV head h // (query heads / KV heads)."""
-    from memwall.engine.layers import attend
-
-    return attend(q, k, v)
-
-
-def attention_after_pooling(pool, q, k, v, n_groups):
-    """The attention output once `pool` has turned k and v into n_groups KV heads."""
-    import torch
-
-    pooled_k, pooled_v = (
-        torch.as_tensor(pool(t.clone(), n_groups), dtype=torch.float64) for t in (k, v)
-    )
-    expected_shape = (k.shape[0], n_groups, k.shape[2], k.shape[3])
-    if tuple(pooled_k.shape) != expected_shape:
-        raise ValueError(f"expected pooled shape {expected_shape}, got {tuple(pooled_k.shape)}")
-    return grouped_attention(q, pooled_k, pooled_v)
-
-
 def _sum_heads(kv, n_groups):
     b, h, t, d = kv.shape
     return kv.reshape(b, n_groups, h // n_groups, t, d).sum(dim=2)
@@ -203,25 +184,3 @@ def check_mean_pool_heads(student, rng):
     return compare_function(
         attention_with_your_pooling, attention_with_reference_pooling, cases, rtol=1e-6, atol=1e-9
     )
-
-
-def pooling_error(pool, n_groups, similarity=0.5, n_kv_heads=8, tokens=64, head_dim=32, seed=0):
-    """How far attention moves when `pool` merges n_kv_heads KV heads into n_groups (for the widget).
-
-    Each head's keys and values are similarity x a part shared by all heads + (1 - similarity) x
-    their own part. Returns |output after pooling - output before| / |output before|: 0 when all
-    heads are alike (similarity 1), large when they are unrelated, as in a model never trained to share.
-    """
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-
-    def heads(count):
-        shared = torch.randn(1, 1, tokens, head_dim, generator=generator, dtype=torch.float64)
-        own = torch.randn(1, count, tokens, head_dim, generator=generator, dtype=torch.float64)
-        return similarity * shared + (1 - similarity) * own
-
-    q, k, v = heads(n_kv_heads), heads(n_kv_heads), heads(n_kv_heads)
-    before = grouped_attention(q, k, v)
-    after = attention_after_pooling(pool, q, k, v, n_groups)
-    return ((after - before).norm() / before.norm()).item()
