@@ -126,3 +126,17 @@ def test_a_renamed_copy_of_a_reference_is_flagged_and_an_own_answer_is_not():
             return owned
     """)
     assert copied_flags([own], key_prints) == []
+
+
+def test_hints_name_the_idea_not_the_finished_expression():
+    from memwall.grading.cells import exercise_hint, exercise_id
+
+    hints = [
+        exercise_hint(cell)
+        for path in notebooks_in(REPO / "solutions")
+        for cell in read_notebook(path).cells
+        if exercise_id(cell)
+    ]
+    assert len(hints) >= 27
+    formula = re.compile(r"[=*/^<>+]|\b(max|min|sum|ceil|median)\s*\(|\bx\b")
+    assert not [hint for hint in hints if formula.search(hint)]
