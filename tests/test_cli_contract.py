@@ -3,8 +3,8 @@
 Every `--help` works and shows each default once, in a form a reader can act on (no "(default:
 [])", no `.ipynb` solutions: they are `.md`); every command the README says takes `--json` does;
 and a table of bad inputs ends each in one line on stderr, exit status 2, no traceback. All of it
-runs in-process and stops before any model loads or any measurement starts.
-`memwall serve`'s own rows (ports, hosts) live with the server's tests (tests/test_serving*.py).
+runs in-process and stops before any model loads or any measurement starts (serve checks its
+port and host before it loads a model).
 """
 
 import argparse
@@ -87,6 +87,11 @@ BAD_INPUTS = [
     (["generate"], "required: prompt"),
     (["generate", "hello", "--max-tokens", "0"], "--max-tokens"),
     (["generate", "hello", "--temperature", "warm"], "invalid float"),
+    (["serve", "--port", "70000"], "between 1 and 65535"),
+    (["serve", "--port", "-1"], "between 1 and 65535"),
+    (["serve", "--host", "1.2.3.4"], "not an address of this machine"),
+    (["serve", "--max-batch", "0"], "--max-batch"),
+    (["serve", "--json"], "unrecognized arguments"),
     (["grade", "/nonexistent/submissions"], "no submissions folder"),
     (["grade", ".", "--jobs", "0"], "jobs"),
     (["exercises", "--check", "--solutions", "/nonexistent"], "no solution notebooks"),
