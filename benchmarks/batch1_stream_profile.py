@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 
 from memwall.bench import workload
-from memwall.bench.probe import RooflineProbe
 from memwall.bench.records import save_record
 from memwall.engine import Transformer
 from memwall.engine.cpu import fast_decode
 from memwall.engine.quant import quantize
-from memwall.fingerprint import machine_fingerprint
+from memwall.machine.fingerprint import machine_fingerprint
+from memwall.machine.probe import RooflineProbe
 
 # Each thread reads one contiguous share of a span (as fp32_linear splits a matrix's rows),
 # with four independent sums so that the adds never wait on each other.

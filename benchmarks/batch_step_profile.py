@@ -24,11 +24,11 @@ import torch
 
 from memwall.bench import workload
 from memwall.bench.batch import cache_with_context
-from memwall.bench.probe import RooflineProbe
 from memwall.bench.records import save_record
 from memwall.engine import Transformer
 from memwall.engine.cpu import fast_decode
-from memwall.fingerprint import machine_fingerprint
+from memwall.machine.fingerprint import machine_fingerprint
+from memwall.machine.probe import RooflineProbe
 
 CONTEXT = 40
 

@@ -22,10 +22,10 @@ import torch
 
 from memwall import models
 from memwall.engine import Transformer
-from memwall.engine.cpu import chosen_paths
 from memwall.engine.accelerate import accelerate
+from memwall.engine.cpu import chosen_paths
 from memwall.engine.quant import quantize
-from memwall.fingerprint import machine_fingerprint
+from memwall.machine.fingerprint import machine_fingerprint
 
 RESULT = Path(__file__).resolve().parent / "results" / "fast_decode_overhead.json"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import nbformat
 
-from memwall.fingerprint import machine_fingerprint
 from memwall.grading import grade, make_student_copy
 from memwall.grading.sandbox import bwrap_path
 from memwall.grading.sync import notebooks_in, read_notebook
+from memwall.machine.fingerprint import machine_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SOLUTIONS = REPO / "tests" / "fixtures" / "grading" / "solutions"

@@ -127,7 +127,7 @@ def memwall_runner(threads: int, fast: bool):
 
 def compare(threads: int, rounds: int, new_tokens: int, fast: bool) -> dict:
     from memwall import models
-    from memwall.fingerprint import machine_fingerprint
+    from memwall.machine.fingerprint import machine_fingerprint
 
     gguf = models.gguf_path()
     llama = LlamaWorker(gguf, threads)  # first: fails fast without the venv

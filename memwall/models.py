@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from memwall._versions import require
-from memwall.devices import default_device
+from memwall.machine.devices import default_device
 from memwall.paths import cache_dir
 
 OFFLINE_MODEL = "smollm2-135m"
@@ -49,7 +49,7 @@ def gguf_path() -> Path:
 def load(name: str = OFFLINE_MODEL, dtype=None, device: str | None = None):
     """Return (transformers model in eval mode, tokenizer) for a known model name or a hub id.
 
-    `device` defaults to `memwall.devices.default_device()`, the device `measure()` measures."""
+    `device` defaults to `memwall.machine.devices.default_device()`, the device `measure()` measures."""
     _require_engine()
     import torch
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from memwall import cost
 from memwall.cost import peak_flops
-from memwall.hardware import get_hardware
+from memwall.machine.microbench import get_hardware
 
 DEFAULT_INTENSITY_RANGE = (0.1, 1e4)  # FLOPs per byte: from a matvec to a big square matmul
 BYTE_UNITS = {

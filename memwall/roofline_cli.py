@@ -10,7 +10,9 @@ import sys
 from memwall import cost
 from memwall.cli import COMMANDS, require_extra
 from memwall.hardware import CATALOG as HARDWARE_CATALOG
-from memwall.hardware import MEASURED_NAME, get_hardware, measure
+from memwall.machine.caches import DRAM
+from memwall.machine.microbench import MEASURED_NAME, get_hardware, measure
+from memwall.machine.working_set import LAST_LEVEL_CACHE
 from memwall.specs import CATALOG as MODEL_CATALOG
 from memwall.units import human_bytes, parameter_count, print_table, seconds, si
 
@@ -68,26 +70,39 @@ def run_info(args) -> int:
         raise ValueError(f"cannot measure device {args.device!r}: {first_line}") from None
     ridge = {dtype: cost.ridge_point(result.as_hardware(), dtype) for dtype in result.flops}
     kernels = result.device_type == "cpu"  # memwall's CPU kernels and the path chosen per format
+    limits = _limits()
     if args.json:
-        record = {**dataclasses.asdict(result), "ridge_point": ridge}
+        record = {**dataclasses.asdict(result), "ridge_point": ridge, **limits}
         if kernels:
             from memwall.engine.cpu import chosen_paths
 
             record["kernels"] = chosen_paths()
         print(json.dumps(record, indent=2))
         return 0
+    memory, cores = limits["memory_limit"], limits["core_limit"]
     rows = [
         ("device", f"{result.device} ({result.device_type})"),
         ("torch", result.torch_version),
-        ("threads", str(result.threads)),
+        ("threads", f"{result.threads}; cores this process may use: {cores['describe']}"),
         ("memory", human_bytes(result.memory_bytes)),
+        ("memory limit", _describe_memory(memory)),
         (
-            "bandwidth",
+            f"bandwidth, {result.memory_level}",
             f"{si(result.bandwidth, 'B/s')}  (read {si(result.read_bandwidth, 'B/s')}, "
             f"copy {si(result.copy_bandwidth, 'B/s')}, "
             f"over {human_bytes(result.working_set_bytes)})",
         ),
     ]
+    if result.note:
+        rows.append(("", result.note))
+    if result.cache_bandwidth and result.memory_level == DRAM:
+        rows.append(
+            (
+                f"bandwidth, {LAST_LEVEL_CACHE}",
+                f"{si(result.cache_bandwidth, 'B/s')}  (read, over "
+                f"{human_bytes(result.cache_working_set_bytes)})",
+            )
+        )
     kernel_note = {"memwall C kernel": ", memwall's C kernel"}  # where PyTorch's matmul lost
     rows += [
         (
@@ -103,6 +118,33 @@ def run_info(args) -> int:
         rows += info_rows()
     print_table("memwall info: the roofline of this machine (best of several runs)", rows)
     return 0
+
+
+def _limits() -> dict:
+    """The container's memory limit and the cores this process may use, as JSON-ready fields."""
+    from memwall.machine.cores import core_limit
+    from memwall.machine.memory import memory_limit
+
+    memory, cores = memory_limit(), core_limit()
+    return {
+        "memory_limit": {
+            **dataclasses.asdict(memory),
+            "total_bytes": memory.total_bytes,
+            "available_bytes": memory.available_bytes,
+        },
+        "core_limit": {
+            **dataclasses.asdict(cores),
+            "usable": cores.usable,
+            "describe": cores.describe(),
+        },
+    }
+
+
+def _describe_memory(memory: dict) -> str:
+    available = f"{human_bytes(memory['available_bytes'])} available"
+    if memory["limit_bytes"] is None:
+        return f"none set (the host's memory; {available})"
+    return f"{human_bytes(memory['limit_bytes'])} ({memory['source']}; {available})"
 
 
 # ---- calc --------------------------------------------------------------------------------------

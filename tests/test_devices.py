@@ -5,8 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from memwall import devices, hardware, models
+from memwall import models
 from memwall.engine import Transformer, shared_engine
+from memwall.machine import devices, microbench
 from memwall.specs import get_spec
 
 TINY = dataclasses.replace(get_spec("smollm2-135m"), n_layers=2)
@@ -25,7 +26,7 @@ def test_with_a_gpu_present_the_model_the_engine_and_measure_all_use_the_cpu(cud
     assert max(len(line) for line in devices.describe().splitlines()) <= 92
     hf_model = models.random_init(TINY)
     engine = Transformer.from_hf(hf_model)
-    measured = hardware.measure(quick=True)
+    measured = microbench.measure(quick=True)
     assert {next(hf_model.parameters()).device.type, next(engine.parameters()).device.type} == {
         "cpu"
     }
@@ -66,4 +67,4 @@ def test_the_offline_model_loads_where_measure_measures(cuda_present):
     engine = shared_engine(hf_model)
     assert next(hf_model.parameters()).device.type == "cpu"
     assert next(engine.parameters()).device.type == "cpu"
-    assert hardware.measure(quick=True).device_type == "cpu"
+    assert microbench.measure(quick=True).device_type == "cpu"

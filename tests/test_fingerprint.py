@@ -1,7 +1,12 @@
 import json
 
-from memwall import fingerprint
-from memwall.fingerprint import fingerprint_id, has_native_bf16, machine_fingerprint, same_machine
+from memwall.machine import fingerprint
+from memwall.machine.fingerprint import (
+    fingerprint_id,
+    has_native_bf16,
+    machine_fingerprint,
+    same_machine,
+)
 
 
 def test_fingerprint_has_every_key_and_is_json():
@@ -11,6 +16,7 @@ def test_fingerprint_has_every_key_and_is_json():
         "isa",
         "cores",
         "threads",
+        "usable_cores",
         "l3_bytes",
         "memory_bytes",
         "gpu",
@@ -18,7 +24,7 @@ def test_fingerprint_has_every_key_and_is_json():
         "platform",
     }
     assert json.loads(json.dumps(fp)) == fp
-    assert fp["cores"] >= 1 and fp["threads"] >= 1
+    assert fp["cores"] >= 1 and fp["threads"] >= 1 and fp["usable_cores"] >= 1
     assert fp["isa"] == sorted(fp["isa"])
     assert set(fp["isa"]) <= set(fingerprint.RELEVANT_FLAGS)
 
@@ -28,6 +34,7 @@ def test_fingerprint_id_is_stable_and_ignores_threads():
     assert fingerprint_id(fp) == fingerprint_id(dict(fp)) == fingerprint_id()
     assert len(fingerprint_id(fp)) == 12
     assert fingerprint_id({**fp, "threads": fp["threads"] + 7}) == fingerprint_id(fp)
+    assert fingerprint_id({**fp, "usable_cores": 1}) == fingerprint_id(fp)  # a setting
     assert fingerprint_id({**fp, "cpu_model": "Other CPU"}) != fingerprint_id(fp)
 
 
@@ -76,9 +83,3 @@ def test_cpuinfo_parsing(monkeypatch, tmp_path):
     assert fingerprint.cpu_model() == "Test CPU"
     assert fingerprint.isa_flags() == ["avx2", "avx512f", "fma"]
     assert fingerprint.physical_cores() == 2  # two hyperthreads on core 1 count once
-
-
-def test_parse_size():
-    assert fingerprint._parse_size("32768K\n") == 32 * 2**20
-    assert fingerprint._parse_size("2M") == 2 * 2**20
-    assert fingerprint._parse_size("junk") == 0

@@ -1,10 +1,13 @@
-"""Hardware catalog, roofline helpers and the measuring microbenchmarks."""
+"""Hardware catalog, roofline helpers and the measuring microbenchmarks (memwall.machine)."""
 
 import dataclasses
+import json
 
 import pytest
 
-from memwall.hardware import CATALOG, Hardware, get_hardware, measure
+from memwall.hardware import CATALOG, Hardware, get_hardware
+from memwall.machine import microbench
+from memwall.machine.microbench import measure
 
 
 def test_catalog_has_the_chips_the_book_uses():
@@ -34,6 +37,9 @@ def test_unknown_dtype_and_name_raise_with_choices():
         CATALOG["t4"].flops("bf16")  # Turing has no bf16
     with pytest.raises(ValueError, match="h100-sxm"):
         get_hardware("tpu-v9")
+    with pytest.raises(ValueError, match="h100-sxm, .*this"):  # the machine room measures "this"
+        microbench.get_hardware("tpu-v9")
+    assert microbench.get_hardware("H100-SXM") is CATALOG["h100-sxm"]
 
 
 def test_get_hardware_passes_objects_through_and_ignores_case():
@@ -59,9 +65,18 @@ def test_invalid_hardware_raises(change):
 def test_measure_quick_is_plausible_and_cached():
     result = measure(quick=True)
     assert result.device_type in ("cpu", "cuda")
-    from memwall.fingerprint import last_level_cache_bytes
+    from memwall.machine.caches import DRAM, last_level_cache_bytes
+    from memwall.machine.memory import BUDGET_CAP
 
-    assert result.working_set_bytes >= 4 * last_level_cache_bytes()  # far beyond the LLC
+    assert result.working_set_bytes <= BUDGET_CAP  # within the memory budget, whatever the cache
+    if result.memory_level == DRAM:  # past the cache, or it says it measured the cache
+        assert result.working_set_bytes >= 2 * last_level_cache_bytes() and not result.note
+    else:
+        assert "this measures the cache, not DRAM" in result.note
+        assert result.working_set_bytes <= last_level_cache_bytes()
+    if result.device_type == "cpu" and last_level_cache_bytes():
+        assert result.cache_bandwidth > 1e9
+        assert result.cache_working_set_bytes <= last_level_cache_bytes() // 2
     assert 1e9 < result.bandwidth < 1e13  # between 1 GB/s and 10 TB/s
     assert result.bandwidth == max(result.read_bandwidth, result.copy_bandwidth)
     assert 1e9 < result.flops["fp32"] < 1e15
@@ -76,7 +91,7 @@ def test_measure_quick_is_plausible_and_cached():
 
 
 def test_measure_takes_a_bf16_roof_exactly_where_the_cpu_has_bf16():
-    from memwall.fingerprint import has_native_bf16, same_machine
+    from memwall.machine.fingerprint import has_native_bf16, same_machine
 
     result = measure(quick=True)
     assert same_machine(result.machine, result.machine) and result.machine["cpu_model"]
@@ -90,11 +105,9 @@ def test_measure_takes_a_bf16_roof_exactly_where_the_cpu_has_bf16():
 def test_the_fp32_roof_is_the_faster_of_torchs_matmul_and_memwalls_kernel(monkeypatch, kernel_rate):
     """A BLAS that leaves the CPU's widest instructions unused (MKL on AMD) must not set a roof
     that memwall's own kernel beats; where the library is faster, its rate stands."""
-    from memwall import hardware
-
-    monkeypatch.setattr(hardware, "_memwall_kernel_flops", lambda repeats: kernel_rate)
-    with_kernel = hardware._measure.__wrapped__("cpu", True, True)
-    without = hardware._measure.__wrapped__("cpu", True, False)
+    monkeypatch.setattr(microbench, "_memwall_kernel_flops", lambda repeats: kernel_rate)
+    with_kernel = microbench._measure.__wrapped__("cpu", True, True)
+    without = microbench._measure.__wrapped__("cpu", True, False)
     assert without.flops_source["fp32"] == "torch" and without.flops["fp32"] < 1e18
     if kernel_rate > 1e17:
         assert with_kernel.flops["fp32"] == kernel_rate
@@ -104,7 +117,7 @@ def test_the_fp32_roof_is_the_faster_of_torchs_matmul_and_memwalls_kernel(monkey
 
 
 def test_memwalls_fp32_kernel_rate_is_measured_where_the_kernels_run():
-    from memwall.engine import cpu_kernels
+    from memwall.engine.cpu import kernels as cpu_kernels
 
     rate = cpu_kernels.fp32_flops(repeats=1)
     if not cpu_kernels.available():
@@ -113,3 +126,16 @@ def test_memwalls_fp32_kernel_rate_is_measured_where_the_kernels_run():
     assert 1e8 < rate < 1e14
     with cpu_kernels.switched_off():
         assert cpu_kernels.fp32_flops(repeats=1) is None
+
+
+def test_info_prints_the_memory_limit_and_the_cores_it_may_use(capsys):
+    from memwall.cli import main
+
+    assert main(["info", "--quick", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "memory limit" in out and "cores this process may use" in out
+    assert main(["info", "--quick", "--device", "cpu", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["core_limit"]["usable"] >= 1
+    assert record["memory_limit"]["source"] in ("cgroup v2", "cgroup v1", "host")
+    assert record["memory_level"] in ("DRAM", "last-level cache")

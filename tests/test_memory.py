@@ -1,15 +1,18 @@
-"""Memory a chapter needs: one copy of the weights, a bandwidth test sized to the machine, and
-the helpers that report RSS (the book's memory test uses `notebook_peak_rss`)."""
+"""Memory a chapter needs: one copy of the weights, the container's limit read from its cgroup
+files, a bandwidth test sized within the memory budget, and the helpers that report RSS."""
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from memwall import memory, models
+from memwall import models
 from memwall.engine import Transformer, share_weights, shared_engine
-from memwall.hardware import MiB, working_set_bytes
+from memwall.machine import memory, notebook_peak
+from memwall.machine.memory import MiB
 from memwall.specs import ModelSpec
 
 
@@ -100,26 +103,119 @@ def test_shared_engine_copies_when_the_file_does_not_match(tmp_path):
     assert engine.embed.weight.dtype == torch.bfloat16 and storages(hf) <= storages(engine)
 
 
-def test_measure_working_set_is_far_above_the_cache_and_fits_in_memory():
-    assert working_set_bytes(False, 32 * MiB, 20 * 2**30) == 256 * MiB
-    assert working_set_bytes(True, 32 * MiB, 20 * 2**30) == 128 * MiB
-    assert working_set_bytes(False, 96 * MiB, 64 * 2**30) == 768 * MiB  # 8x a larger L3
-    # Binder: 1.2 GB free -> two buffers in a quarter of it, still several times a 32 MiB L3.
-    assert working_set_bytes(False, 32 * MiB, 1_200_000_000) == 143 * MiB
-    assert working_set_bytes(False, 0, 0) == 256 * MiB  # unknown cache and memory
+GiB = 2**30
+MEMINFO = "MemTotal:       25000000 kB\nMemFree:  1000 kB\nMemAvailable:   20000000 kB\n"
 
 
-def test_rss_and_available_memory(tmp_path, monkeypatch):
+def fake_root(tmp_path, cgroup_lines: str, files: dict[str, str], meminfo: str = MEMINFO):
+    """A file tree with /proc/self/cgroup, /proc/meminfo and the given cgroup files."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(cgroup_lines)
+    (tmp_path / "proc/meminfo").write_text(meminfo)
+    for name, text in files.items():
+        path = tmp_path / "sys/fs/cgroup" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_cgroup_v2_limit_is_the_tightest_along_a_nested_path(tmp_path):
+    root = fake_root(
+        tmp_path,
+        "0::/user.slice/binder/session-1\n",
+        {
+            "cgroup.controllers": "cpu memory\n",
+            "user.slice/memory.max": "max\n",
+            "user.slice/binder/memory.max": "2000000000\n",  # the parent's limit binds
+            "user.slice/binder/memory.current": "1500000000\n",
+            "user.slice/binder/memory.stat": "anon 1000\ninactive_file 100000000\n",
+            "user.slice/binder/session-1/memory.max": "max\n",
+            "user.slice/binder/session-1/memory.current": "1200000000\n",
+        },
+    )
+    limit = memory.memory_limit(root)
+    assert (limit.source, limit.limit_bytes) == ("cgroup v2", 2_000_000_000)
+    assert limit.used_bytes == 1_400_000_000  # usage less the page cache it can drop
+    assert limit.available_bytes == 600_000_000  # not the host's 20 GB
+    assert limit.total_bytes == 2_000_000_000
+    assert memory.available_memory_bytes(root) == 600_000_000
+
+
+def test_cgroup_v2_max_everywhere_means_the_host(tmp_path):
+    root = fake_root(
+        tmp_path,
+        "0::/docker/abc\n",  # a host-side path the container cannot see: its mount is its group
+        {"cgroup.controllers": "memory\n", "memory.max": "max\n", "memory.current": "5\n"},
+    )
+    limit = memory.memory_limit(root)
+    assert (limit.source, limit.limit_bytes) == ("host", None)
+    assert limit.available_bytes == 20_000_000 * 1024 and limit.total_bytes == 25_000_000 * 1024
+
+
+def test_cgroup_v1_limit_and_its_no_limit_number(tmp_path):
+    lines = "4:memory:/process_api/abc\n1:cpu,cpuacct:/\n0::/\n"
+    files = {  # a hybrid host: v1 controllers and an empty v2 tree at unified/
+        "unified/cgroup.controllers": "\n",
+        "memory/memory.limit_in_bytes": "9223372036854771712\n",
+        "memory/process_api/abc/memory.limit_in_bytes": "1073741824\n",
+        "memory/process_api/abc/memory.usage_in_bytes": "73741824\n",
+    }
+    limit = memory.memory_limit(fake_root(tmp_path, lines, files))
+    assert (limit.source, limit.limit_bytes, limit.available_bytes) == (
+        "cgroup v1",
+        GiB,
+        GiB - 73741824,
+    )
+    unlimited = fake_root(
+        tmp_path / "none", lines, {"memory/memory.limit_in_bytes": "9223372036854771712\n"}
+    )
+    assert memory.memory_limit(unlimited).limit_bytes is None
+
+
+def test_no_cgroup_files_at_all_is_the_host(tmp_path):
+    limit = memory.memory_limit(fake_root(tmp_path, "", {}))
+    assert limit.source == "host" and limit.available_bytes == 20_000_000 * 1024
+
+
+def test_the_buffer_budget_is_an_eighth_of_what_is_available_and_capped():
+    assert memory.buffer_budget_bytes(1 * GiB) == 128 * MiB  # a Binder session
+    assert memory.buffer_budget_bytes(64 * GiB) == memory.BUDGET_CAP  # a big host
+    assert memory.buffer_budget_bytes(0) == memory.BUDGET_CAP  # unknown memory
+    assert memory.buffer_budget_bytes() <= memory.BUDGET_CAP
+    with pytest.raises(ValueError, match="at least 0"):
+        memory.buffer_budget_bytes(-1)
+
+
+def test_rss_and_available_memory():
     current = memory.current_rss_bytes()
     assert current > 10 * MiB and memory.peak_rss_bytes() > 0.9 * current  # the peak lags a little
     assert memory.available_memory_bytes() > 0
-    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
-    limit.write_text("2000000000\n")
-    usage.write_text("1500000000\n")
-    monkeypatch.setattr(memory, "_CGROUP_FILES", ((str(limit), str(usage)),))
-    assert memory.available_memory_bytes() == 500_000_000  # the container's limit, not the host's
-    limit.write_text("max\n")
-    assert memory.available_memory_bytes() > 500_000_000
+
+
+PROBE_PEAK = """
+import resource, sys
+from memwall.machine.probe import RooflineProbe
+probe = RooflineProbe("cpu", reads=1)
+probe.buffer.sum()  # every page touched, so resident
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, probe.working_set_bytes)
+"""
+
+
+@pytest.mark.parametrize("cache_mib", [0, 32, 480])
+def test_a_roofline_probe_fits_a_binder_session_whatever_the_cache(tmp_path, cache_mib):
+    """A huge last-level cache once made the probe's buffer 4x it (2.2 GB): the budget caps it."""
+    script = tmp_path / "probe_peak.py"
+    # The cache size is faked before the probe is built; the rest is the real machine room.
+    script.write_text(
+        "from memwall.machine import caches, working_set\n"
+        f"working_set.last_level_cache_bytes = lambda: {cache_mib} * 2**20\n" + PROBE_PEAK
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=True
+    )
+    peak, buffer = map(int, done.stdout.split())
+    assert buffer <= memory.BUDGET_CAP
+    assert peak < 1.2e9, f"peak RSS {peak / 1e9:.2f} GB with a {cache_mib} MiB cache"
 
 
 @pytest.mark.slow
@@ -133,8 +229,8 @@ def test_notebook_peak_rss_sees_what_the_kernel_allocated(tmp_path):
         nbformat.write(nb, path)
         return path
 
-    small = memory.notebook_peak_rss(notebook("small.ipynb", "x = 1"), timeout=120)
-    big = memory.notebook_peak_rss(
+    small = notebook_peak.notebook_peak_rss(notebook("small.ipynb", "x = 1"), timeout=120)
+    big = notebook_peak.notebook_peak_rss(
         notebook(
             "big.ipynb", "block = bytearray(400 * 2**20)\nblock[::4096] = b'x' * len(block[::4096])"
         ),
@@ -148,7 +244,7 @@ def test_notebook_peak_rss_sees_what_the_kernel_allocated(tmp_path):
         "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n"
         "```{code-cell} ipython3\nx = 1 / 0\n```\n"
     )
-    failing = memory.notebook_peak_rss(myst, timeout=120)  # its cell ran, and raised
+    failing = notebook_peak.notebook_peak_rss(myst, timeout=120)  # its cell ran, and raised
     assert not failing["ok"] and "ZeroDivisionError" in failing["error"]
     assert json.dumps(failing)  # plain values, for a report
 

@@ -6,7 +6,7 @@ import pytest
 
 from memwall.bench import recorded, save_record
 from memwall.bench.records import RESULTS_DIR, date_of, name_date, parse_record_name
-from memwall.fingerprint import IDENTITY_KEYS, fingerprint_id, machine_fingerprint
+from memwall.machine.fingerprint import IDENTITY_KEYS, fingerprint_id, machine_fingerprint
 
 
 def test_every_committed_record_carries_a_fingerprint():

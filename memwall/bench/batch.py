@@ -8,8 +8,8 @@ One decode step for B sequences reads every weight once, plus each sequence's KV
 so total tokens/s = B / step time grows almost B-fold while the weights dominate the bytes, and
 stops growing once the FLOPs (past the ridge point) or the KV cache (long contexts) take over.
 This module times memwall's batched decode for each B and prints that prediction next to it,
-using FLOP/s measured in the same process (`memwall.hardware.measure`) and the bandwidth probed
-right before each timed repeat (`memwall.bench.probe`): each row's fraction of the prediction is
+using FLOP/s measured in the same process (`memwall.machine.measure`) and the bandwidth probed
+right before each timed repeat (`memwall.machine.probe`): each row's fraction of the prediction is
 the median over its (probe, work) pairs.
 
 The cache is filled with `context` random keys/values per sequence instead of a real prefill: a
@@ -28,7 +28,7 @@ import warnings
 import torch
 
 from memwall.bench import harness, workload
-from memwall.bench import probe as roofline_probe
+from memwall.machine import probe as roofline_probe
 from memwall.validate import count
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -155,7 +155,7 @@ def bench_batch(
 
         engine_model = accelerate(engine_model)
     if hardware is None:
-        from memwall.hardware import measure
+        from memwall.machine.microbench import measure
 
         hardware = measure(device).as_hardware()
         probe = probe or roofline_probe.RooflineProbe(device)

@@ -7,9 +7,9 @@ A decode step reads every weight once plus the KV cache so far, so on any machin
 with bytes per step = weight bytes + KV bytes at the step's context. This module times memwall's
 engine and/or transformers' `generate` on the same model and prompt (greedy, exactly
 `new_tokens` tokens, no early stop), probes the bandwidth right before every timed repeat
-(`memwall.bench.probe`), and reports where each lands under the ceiling, in the manner of
+(`memwall.machine.probe`), and reports where each lands under the ceiling, in the manner of
 gpt-fast's "bandwidth achieved" line. The ceiling is min(memory roof, compute roof); the compute
-roof (FLOPs per token from `memwall.cost`, peak from `memwall.hardware.measure`) only matters on
+roof (FLOPs per token from `memwall.cost`, peak from `memwall.machine.measure`) only matters on
 machines whose matmuls are slow for their bandwidth.
 
 Both engines are timed the same way: TTFT from the call to the first generated token, and time
@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from memwall.bench import harness, workload
-from memwall.bench import probe as roofline_probe
+from memwall.machine import probe as roofline_probe
 from memwall.validate import count
 
 ENGINES = ("memwall", "hf")
@@ -61,7 +61,7 @@ def bench_decode(
         ratio memwall tok/s / hf tok/s).
     bandwidth: bytes/s for a fixed roofline; default: probed before every timed repeat (`probe`,
         default a `RooflineProbe` on `device`), each repeat's fraction taken from its own pair.
-    peak_flops: FLOP/s for the compute roof; default `memwall.hardware.measure(device)` when the
+    peak_flops: FLOP/s for the compute roof; default `memwall.machine.measure(device)` when the
         bandwidth is probed, none (memory roof alone) when a fixed `bandwidth` is given.
     quant: "int8" or "int4" (with `group_size`) quantizes memwall's engine weight-only
         (`memwall.engine.quant.quantize`, chapter 7); transformers stays in `dtype`. A list such as
@@ -255,9 +255,9 @@ def summarize(
 
 
 def measured_peak_flops(device: str, dtype: str) -> float | None:
-    """This device's matmul FLOP/s for `dtype` from `memwall.hardware.measure` (cached per process);
+    """This device's matmul FLOP/s for `dtype` from `memwall.machine.measure` (cached per process);
     fp32's rate for a dtype it did not measure (a CPU without native bf16 is no faster at it)."""
-    from memwall.hardware import measure
+    from memwall.machine.microbench import measure
 
     flops = measure(device).flops
     return flops.get(dtype) or flops.get("fp32")

@@ -8,10 +8,10 @@ benchmarking of parallel computing systems"):
   of load from another process slows both, not just one, and the ratio stays honest;
 - a device synchronisation before every clock read, so GPU work is not left running unseen.
 
-`run_interleaved` does the first three, and with a `probe` (`memwall.bench.probe.RooflineProbe`)
+`run_interleaved` does the first three, and with a `probe` (`memwall.machine.probe.RooflineProbe`)
 measures the bandwidth right before every repeat, so the roofline is taken with the work, not once
 before it; `synchronize` does the last. The rest resolves the options every subcommand shares
-(device, dtype), records the machine (`memwall.fingerprint`) and formats results.
+(device, dtype), records the machine (`memwall.machine.fingerprint`) and formats results.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def resolve_dtype(dtype: str | None, device: str) -> str:
     """A dtype name from DTYPES; default fp32 on CPU and bf16 on a GPU.
 
     fp32 on a CPU because that is the engine's reference path there, not because every CPU lacks
-    bf16: `memwall.fingerprint.has_native_bf16()` says whether this one has it."""
+    bf16: `memwall.machine.fingerprint.has_native_bf16()` says whether this one has it."""
     if dtype is None:
         return "fp32" if device == "cpu" else "bf16"
     if dtype not in DTYPES:
@@ -74,8 +74,8 @@ def synchronize(device) -> None:
 
 def environment(device: str) -> dict:
     """What a reader needs to interpret the numbers: where, with what, and how busy the machine was."""
-    from memwall.fingerprint import fingerprint_id, machine_fingerprint
-    from memwall.hardware import _device_name
+    from memwall.machine.fingerprint import fingerprint_id, machine_fingerprint
+    from memwall.machine.microbench import device_name
 
     try:
         load = os.getloadavg()[0]
@@ -83,7 +83,7 @@ def environment(device: str) -> dict:
         load = None
     return {
         "device": torch.device(device).type,
-        "device_name": _device_name(torch.device(device)),
+        "device_name": device_name(torch.device(device)),
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_average_1min": load,

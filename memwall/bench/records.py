@@ -3,7 +3,7 @@
 A figure recorded on one machine and shown on another must say so: two CPUs with the same model
 name can differ in vector width, cache size or memory bandwidth, so a recorded tok/s compares
 only with one from the same kind of machine. Every record therefore carries the machine's
-fingerprint (`machine`) and its short id (`machine_id`, `memwall.fingerprint.fingerprint_id`),
+fingerprint (`machine`) and its short id (`machine_id`, `memwall.machine.fingerprint.fingerprint_id`),
 and its file name says what was measured, where and when:
 
     <benchmark>-<machine id>-<date>.json      e.g. batch_fast-28ba0b498450-2026-12-04T0042.json
@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from memwall.fingerprint import describe, fingerprint_id, machine_fingerprint, same_machine
+from memwall.machine.fingerprint import describe, fingerprint_id, machine_fingerprint, same_machine
 
 # Where the records live in a checkout of the repository (not in an installed wheel).
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"

@@ -96,7 +96,7 @@ def run_cli(args) -> int:
     all_ok = all(r["succeeded"] == r["requests"] > 0 for r in runs)
     if args.json:
         # The client's machine: the server's too when it runs locally.
-        from memwall.fingerprint import machine_fingerprint
+        from memwall.machine.fingerprint import machine_fingerprint
 
         record = {"runs": runs, "frontier": frontier_rows(runs), "machine": machine_fingerprint()}
         print(json.dumps(record, indent=2))

@@ -254,7 +254,7 @@ def fp32_flops(repeats: int = 3) -> float | None:
     """FLOP/s of the faster fp32 kernel (row-major or packed) on a compute-bound product whose
     operands stay in each core's L2 (128 rows x 512 x 512: 1 MiB of weights), the fastest of
     `repeats` samples; None when the kernels are not in use. The roofline's compute roof takes it
-    where it beats PyTorch's matmul (`memwall.hardware.measure`): a roof below what a kernel
+    where it beats PyTorch's matmul (`memwall.machine.measure`): a roof below what a kernel
     reaches would flatter every fraction of it."""
     if not available():
         return None

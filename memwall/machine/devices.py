@@ -1,6 +1,6 @@
 """The one device a notebook measures and runs on, so the roofline and the model never disagree.
 
-`memwall.models.load`, `memwall.models.random_init` and `memwall.hardware.measure` all default to
+`memwall.models.load`, `memwall.models.random_init` and `memwall.machine.measure` all default to
 `default_device()`: the device named by ``MEMWALL_DEVICE`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``),
 else the CPU. The CPU is the default even when a GPU is present (as on a Colab GPU runtime)
 because the chapters are written for it; `describe()` says so in one plain sentence, and

@@ -1,14 +1,15 @@
 """The roofline measured with the workload: bandwidth probes interleaved with the timed repeats.
 
-On a shared VM the memory bandwidth is not a constant. The machine this course was built on
-streams at about 45 GB/s at one moment and about 77 GB/s at the next, so a ceiling measured once,
-before the work, can make the same engine look like 39% or 89% of its roofline. Instead, each
-timed repeat is preceded by a short read-bandwidth probe, and each fraction of the roofline is
-taken from an adjacent (probe, work) pair; the fractions' median is reported, with the probes'
-spread. When the probes disagree by more than 20%, `warn_if_unstable` says so, naming the spread.
+On a shared machine the memory bandwidth is not a constant: other tenants' traffic and the
+host's power states can move it by a factor of two from one moment to the next, so a ceiling
+measured once, before the work, can make the same engine look like 39% or 89% of its roofline.
+Instead, each timed repeat is preceded by a short read-bandwidth probe, and each fraction of
+the roofline is taken from an adjacent (probe, work) pair; the fractions' median is reported,
+with the probes' spread. When the probes disagree by more than 20%, `warn_if_unstable` says so.
 
-The probe reads a buffer well above the last-level cache (or we would time the cache), sized
-from the memory that is free, so that it also fits on a 2 GB Binder machine.
+The probe's buffer follows the machine room's one sizing rule (`working_set.for_device`): past
+the last-level cache where the memory budget allows, else inside the cache, and then its
+`level` and `note` say that it measures the cache, not DRAM.
 """
 
 from __future__ import annotations
@@ -19,25 +20,14 @@ import warnings
 
 import torch
 
-from memwall.fingerprint import available_memory_bytes, last_level_cache_bytes
+from memwall.machine import working_set as sizing
+from memwall.machine.caches import DRAM, level_of
 
 UNSTABLE_SPREAD = 1.2  # max/min of the probes above which a result gets a warning
-MIN_WORKING_SET = 128 * 2**20  # with 4x the LLC: small enough to sit beside a model on Binder
 
 
 class RooflineSpreadWarning(UserWarning):
     """The bandwidth probes of one benchmark disagreed by more than UNSTABLE_SPREAD."""
-
-
-def probe_working_set_bytes(llc_bytes: int | None = None, available: int | None = None) -> int:
-    """4x the last-level cache and at least 128 MiB (far enough above the cache that a stream
-    finds nothing of itself there), but at most an eighth of the free memory."""
-    llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
-    free = available_memory_bytes() if available is None else available
-    wanted = max(4 * llc, MIN_WORKING_SET)
-    if free:
-        wanted = min(wanted, free // 8)
-    return max(wanted, 4 * llc, 16 * 2**20) // 4 * 4  # whole fp32 elements
 
 
 class RooflineProbe:
@@ -51,9 +41,19 @@ class RooflineProbe:
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         if working_set_bytes is None:
-            # A GPU's L2 is tens of MB, and its reads are fast: 512 MiB suits every CUDA GPU.
-            working_set_bytes = 512 * 2**20 if on_gpu else probe_working_set_bytes()
-        self.working_set_bytes = int(working_set_bytes)
+            chosen = sizing.for_device(self.device)
+        else:  # a size the caller chose: say which level it reads from all the same
+            chosen = sizing.WorkingSet(int(working_set_bytes), DRAM)
+            if not on_gpu and level_of(chosen.bytes) != DRAM:
+                chosen = sizing.WorkingSet(
+                    chosen.bytes,
+                    sizing.LAST_LEVEL_CACHE,
+                    f"{sizing.CACHE_NOTE}: {chosen.bytes / 2**20:.0f} MiB fits in the "
+                    f"{level_of(chosen.bytes)} cache",
+                )
+        self.working_set_bytes = chosen.bytes
+        self.level = chosen.level  # "DRAM" or "last-level cache": the roof this probe measures
+        self.note = chosen.note  # why it is not DRAM, where it is not
         self.reads = reads
         # A GPU reads 512 MiB in ~0.1 ms, close to the cost of a sync: time 10 passes per sample.
         self.passes = 10 if on_gpu else 1

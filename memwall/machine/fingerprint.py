@@ -22,6 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from memwall.machine.caches import last_level_cache_bytes
+from memwall.machine.cores import usable_cores
+
 # The ISA features that change which kernels are fast: vector width, fused multiply-add, native
 # bf16/int8 dot products, matrix tiles (x86), and their ARM counterparts.
 RELEVANT_FLAGS = (
@@ -119,34 +122,6 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _parse_size(text: str) -> int:
-    """ "32768K" / "2M" / "1048576" -> bytes."""
-    text = text.strip().upper()
-    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-    digits = text.rstrip("KMGB")
-    return int(digits) * scale if digits.isdigit() else 0
-
-
-def last_level_cache_bytes() -> int:
-    """Size of the largest cache level (L3 on most x86, L2 on Apple silicon); 0 if unknown."""
-    best_level, best_size = 0, 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            level = int((index / "level").read_text())
-            size = _parse_size((index / "size").read_text())
-        except (OSError, ValueError):
-            continue
-        if (level, size) > (best_level, best_size):
-            best_level, best_size = level, size
-    if best_size or sys.platform != "darwin":
-        return best_size
-    for name in ("hw.l3cachesize", "hw.perflevel0.l2cachesize", "hw.l2cachesize"):
-        value = _sysctl(name)
-        if value and value.isdigit() and int(value) > 0:
-            return int(value)
-    return 0
-
-
 def memory_bytes() -> int:
     """Physical memory in bytes; 0 if unknown."""
     if sys.platform == "darwin":
@@ -154,20 +129,6 @@ def memory_bytes() -> int:
         return int(value) if value and value.isdigit() else 0
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def available_memory_bytes() -> int:
-    """Memory a new allocation can get without swapping (Linux MemAvailable); 0 if unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
 
@@ -216,6 +177,7 @@ def machine_fingerprint() -> dict:
         "isa": isa_flags(),
         "cores": physical_cores(),
         "threads": threads(),
+        "usable_cores": usable_cores(),
         "l3_bytes": last_level_cache_bytes(),
         "memory_bytes": memory_bytes(),
         "gpu": gpu_name(),
@@ -245,7 +207,7 @@ def has_native_bf16(fp: dict | None = None) -> bool:
 
 
 def describe(fp: dict) -> str:
-    """One short line: "AMD EPYC, 2 cores, avx2 avx512f ..., 32 MiB LLC, no GPU"."""
+    """One short line: "<CPU model>, 2 cores, avx2 avx512f ..., 32 MiB LLC, no GPU"."""
     parts = [str(fp.get("cpu_model") or "unknown CPU"), f"{fp.get('cores')} cores"]
     if fp.get("isa"):
         parts.append(" ".join(fp["isa"]))

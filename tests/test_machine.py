@@ -1,0 +1,153 @@
+"""The machine room: the cores a container may use, the cache levels, and the one rule that sizes
+a bandwidth test's buffers (past the cache where the budget allows, else inside it, and then it
+says so)."""
+
+import pytest
+
+from memwall.machine import caches, cores
+from memwall.machine.caches import CacheLevel, level_of
+from memwall.machine.memory import MiB
+from memwall.machine.working_set import (
+    CACHE_NOTE,
+    LAST_LEVEL_CACHE,
+    cache_working_set,
+    dram_working_set,
+)
+
+XEON_LIKE = (CacheLevel(1, 48 * 2**10, 1), CacheLevel(2, 2 * MiB, 1), CacheLevel(3, 480 * MiB, 2))
+
+
+def fake_cgroup(tmp_path, lines: str, files: dict[str, str]):
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(lines)
+    for name, text in files.items():
+        path = tmp_path / "sys/fs/cgroup" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_cpu_quota_v2_is_the_tightest_along_the_path(tmp_path):
+    root = fake_cgroup(
+        tmp_path,
+        "0::/kubepods/pod1/box\n",
+        {
+            "cgroup.controllers": "cpu\n",
+            "kubepods/cpu.max": "max 100000\n",
+            "kubepods/pod1/cpu.max": "150000 100000\n",  # 1.5 cores for the pod
+            "kubepods/pod1/box/cpu.max": "max 100000\n",
+        },
+    )
+    assert cores.cpu_quota(root) == pytest.approx(1.5)
+    limit = cores.CoreLimit(visible=8, affinity=8, quota_cpus=cores.cpu_quota(root))
+    assert limit.usable == 1  # a second thread would be throttled part way through each period
+    assert "CPU quota 1.5 cores" in limit.describe() and "of 8 visible" in limit.describe()
+
+
+def test_cpu_quota_v1_and_no_quota(tmp_path):
+    lines = "3:cpu,cpuacct:/docker/abc\n0::/\n"
+    quota = {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+    }
+    assert cores.cpu_quota(fake_cgroup(tmp_path / "a", lines, quota)) == pytest.approx(2.0)
+    none = {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
+    assert cores.cpu_quota(fake_cgroup(tmp_path / "b", lines, none)) is None
+    assert cores.cpu_quota(fake_cgroup(tmp_path / "c", "", {})) is None
+
+
+def test_usable_cores_follow_affinity_and_quota():
+    assert cores.CoreLimit(visible=4, affinity=2, quota_cpus=None).usable == 2
+    assert cores.CoreLimit(visible=4, affinity=4, quota_cpus=0.5).usable == 1  # never 0
+    assert cores.CoreLimit(visible=4, affinity=4, quota_cpus=3.0).usable == 3
+    here = cores.core_limit()
+    assert 1 <= here.usable <= here.affinity <= here.visible
+    assert cores.usable_cores() == here.usable
+
+
+def test_cache_levels_come_from_sysfs(tmp_path):
+    for index, (level, kind, size, shared) in enumerate(
+        [(1, "Data", "48K", "0"), (1, "Instruction", "32K", "0"), (2, "Unified", "2048K", "0"),
+         (3, "Unified", "491520K", "0-1")]
+    ):  # fmt: skip
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(f"{text}\n")
+        (folder / "shared_cpu_list").write_text(f"{shared}\n")
+    assert caches.cache_levels.__wrapped__(str(tmp_path)) == XEON_LIKE
+
+
+def test_which_level_a_working_set_lives_in():
+    assert level_of(32 * 2**10, XEON_LIKE) == "L1"
+    assert level_of(1 * MiB, XEON_LIKE) == "L2"
+    assert level_of(64 * MiB, XEON_LIKE) == "L3"  # a "DRAM" test matrix beside a huge cache
+    assert level_of(538 * MiB, XEON_LIKE) == "DRAM"
+    assert level_of(64 * MiB, (CacheLevel(3, 32 * MiB, 2),)) == "DRAM"
+    assert level_of(1, ()) == "DRAM"  # no cache known
+    with pytest.raises(ValueError, match="at least 0"):
+        level_of(-1, XEON_LIKE)
+
+
+def test_parse_size():
+    assert caches.parse_size("32768K\n") == 32 * MiB
+    assert caches.parse_size("2M") == 2 * MiB
+    assert caches.parse_size("junk") == 0
+
+
+def test_the_dram_buffer_is_4x_the_cache_within_the_budget():
+    assert dram_working_set(1, 32 * MiB, 256 * MiB).bytes == 128 * MiB
+    assert dram_working_set(1, 16 * MiB, 256 * MiB).bytes == 128 * MiB  # at least 128 MiB
+    assert dram_working_set(1, 48 * MiB, 256 * MiB).bytes == 192 * MiB
+    small = dram_working_set(1, 16 * MiB, 64 * MiB)  # a tight budget: 4x the cache is 64 MiB
+    assert (small.bytes, small.level, small.note) == (64 * MiB, "DRAM", "")
+    two = dram_working_set(2, 32 * MiB, 256 * MiB)
+    assert two.bytes == 128 * MiB and two.level == "DRAM"
+    assert dram_working_set(1, 0, 256 * MiB).bytes == 128 * MiB  # cache unknown
+
+
+@pytest.mark.parametrize("cache_mib", [300, 480])
+def test_a_cache_the_budget_cannot_beat_is_measured_and_named(cache_mib):
+    chosen = dram_working_set(1, cache_mib * MiB, 256 * MiB)
+    assert chosen.level == LAST_LEVEL_CACHE
+    assert chosen.note.startswith(CACHE_NOTE) and f"({cache_mib} MiB)" in chosen.note
+    assert chosen.bytes <= cache_mib * MiB // 2  # inside the cache, not an unknown mix
+    assert chosen.bytes <= 256 * MiB
+
+
+def test_between_one_and_two_caches_is_not_called_dram():
+    chosen = dram_working_set(1, 100 * MiB, 150 * MiB)  # 150 MiB would be 1.5x the cache
+    assert chosen.level == LAST_LEVEL_CACHE and chosen.bytes == 50 * MiB
+
+
+def test_the_cache_working_set_sits_inside_the_cache():
+    assert cache_working_set(1, 32 * MiB, 256 * MiB).bytes == 16 * MiB
+    assert cache_working_set(2, 32 * MiB, 256 * MiB).bytes == 8 * MiB
+    assert cache_working_set(1, 480 * MiB, 100 * MiB).bytes == 100 * MiB  # the budget still rules
+    with pytest.raises(ValueError, match="unknown"):
+        cache_working_set(1, 0, 256 * MiB)
+
+
+@pytest.mark.parametrize("buffers, budget", [(0, 256 * MiB), (1.5, 256 * MiB), (1, -1)])
+def test_bad_sizes_are_clear_errors(buffers, budget):
+    with pytest.raises(ValueError, match="buffers|budget_bytes"):
+        dram_working_set(buffers, 32 * MiB, budget)
+
+
+def test_a_probe_says_which_level_it_measures(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from memwall.machine import probe, working_set
+
+    monkeypatch.setattr(working_set, "last_level_cache_bytes", lambda: 480 * MiB)
+    monkeypatch.setattr(working_set, "buffer_budget_bytes", lambda: 16 * MiB)
+    cached = probe.RooflineProbe("cpu", reads=1)
+    assert cached.level == LAST_LEVEL_CACHE and CACHE_NOTE in cached.note
+    assert cached.buffer.numel() * 4 == cached.working_set_bytes <= 16 * MiB
+    monkeypatch.setattr(working_set, "last_level_cache_bytes", lambda: 1 * MiB)
+    monkeypatch.setattr(working_set, "buffer_budget_bytes", lambda: 8 * MiB)
+    past = probe.RooflineProbe("cpu", reads=1)
+    assert (past.level, past.note, past.working_set_bytes) == ("DRAM", "", 8 * MiB)
+    assert past() > 0 and isinstance(past.buffer, torch.Tensor)
+    monkeypatch.setattr(caches, "cache_levels", lambda: XEON_LIKE)
+    chosen = probe.RooflineProbe("cpu", working_set_bytes=4 * MiB, reads=1)
+    assert chosen.level == LAST_LEVEL_CACHE and "fits in the L3 cache" in chosen.note
