@@ -374,7 +374,7 @@ def test_fast_decode_calls_back_for_a_matmul_on_pytorchs_path(tiny_engine, monke
     def broken(path, x):
         raise RuntimeError("this layer is broken")
 
-    monkeypatch.setattr(tiny_engine.blocks[1].mlp.down, "run", broken)
+    monkeypatch.setattr(fast.model.blocks[1].mlp.down, "run", broken)
     with pytest.raises(RuntimeError, match="this layer is broken"), torch.inference_mode():
         fast(tokens, cache)
 
@@ -408,13 +408,14 @@ def test_fast_decode_leaves_other_steps_to_the_readable_engine(tiny_engine):
     tokens = torch.randint(0, 256, (2, 1), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
         prompts = torch.cat([tokens, tokens], dim=1)  # two tokens a sequence: a prefill
+        # the twins' kernels sum in another order than F.linear: equal up to rounding
         batch = fast(prompts, tiny_engine.new_cache(batch=2, max_tokens=8))
-        assert torch.equal(
-            batch, tiny_engine(prompts, tiny_engine.new_cache(batch=2, max_tokens=8))
-        )
+        reference = tiny_engine(prompts, tiny_engine.new_cache(batch=2, max_tokens=8))
+        assert (batch - reference).abs().max() <= 1e-5 * reference.abs().max()
         with cpu_kernels.switched_off():
             one = fast(tokens[:1], tiny_engine.new_cache(max_tokens=8))
-            assert torch.equal(one, tiny_engine(tokens[:1], tiny_engine.new_cache(max_tokens=8)))
+            reference = tiny_engine(tokens[:1], tiny_engine.new_cache(max_tokens=8))
+            assert (one - reference).abs().max() <= 1e-5 * reference.abs().max()
     full = tiny_engine.new_cache(max_tokens=1)
     with pytest.raises(ValueError, match="full"), torch.inference_mode():
         fast(tokens[:1], full)

@@ -16,13 +16,17 @@ same tokens and logits.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
 from memwall.engine.cpu import kernels, path_choice
 from memwall.engine.cpu.build import LayerSpec, MatmulElsewhere, MatmulSpec
 from memwall.engine.cpu.linears import with_twins
+from memwall.engine.cpu.threads import ThreadChoice
 from memwall.engine.kv_cache import KVCache
+from memwall.machine.cores import usable_cores
 
 MAX_ROWS = 64  # sequences per step; the matmul path for each row count is chosen by measurement
 
@@ -58,6 +62,8 @@ class _Plan:
 
     def __init__(self, lib, threads: int, buf: dict, layers, matmuls: list, shape: tuple):
         self.lib, self.threads, self.buf = lib, threads, buf
+        # how many of them each step uses: fewer while another process holds a core (threads.py)
+        self.thread_choice = ThreadChoice(min(threads, usable_cores()))
         self.layers, self.matmuls, self.shape = layers, matmuls, shape
         self.packed = [matmul for matmul in matmuls if matmul.panels is not None]
         self.buffers = tuple(  # decode_layers' buffer arguments, in its order
@@ -78,11 +84,12 @@ class _Plan:
     def stale(self) -> bool:
         return any(matmul.stale() for matmul in self.packed)
 
-    def run(self, matmul: _Matmul) -> None:
+    def run(self, matmul: _Matmul, threads: int | None = None) -> None:
         """One matmul alone (the output head; benchmarks time them all without the rest)."""
         rows = matmul.x.shape[0]
+        threads = threads or self.threads
         status = self.lib.run_matmul(
-            matmul.spec, _ptr(matmul.x), _ptr(matmul.y), rows, self.threads, self.elsewhere
+            matmul.spec, _ptr(matmul.x), _ptr(matmul.y), rows, threads, self.elsewhere
         )
         self.raise_failure(status)
 
@@ -189,6 +196,8 @@ class FastDecoder(nn.Module):
         scratch = torch.empty(
             plan.lib.attend_scratch_floats(rows, m.n_heads, m.head_dim, position + 1)
         )
+        threads = plan.thread_choice.threads()
+        start = time.perf_counter()
         status = plan.lib.decode_layers(
             plan.layers,
             len(plan.layers),
@@ -206,11 +215,12 @@ class FastDecoder(nn.Module):
             *plan.shape,
             _ptr(scratch),
             rows,
-            plan.threads,
+            threads,
             plan.elsewhere,
         )
         plan.raise_failure(status)
-        plan.run(plan.matmuls[-1])  # the output head
+        plan.run(plan.matmuls[-1], threads)  # the output head
+        plan.thread_choice.record(threads, time.perf_counter() - start)
         cache.length += 1
         return plan.buf["logits"].clone()
 

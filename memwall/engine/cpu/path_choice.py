@@ -5,8 +5,8 @@ the number of activation rows and the weight format (CPUs with different instruc
 caches disagree on every one of these). So the first time a layer of a given format and shape meets a
 given bucket of rows, the candidates are timed (calibrate.py) on its real weights, read from
 memory as decode reads them and called as the fast decode step calls them (memwall's C kernels
-from C, PyTorch's paths through Python), a few seconds for the whole model, with a message on
-stderr; the fastest is kept, on disk, under a key for this machine: CPU model, ISA flags,
+from C, PyTorch's paths through Python), a few seconds for the whole model (logged once, to
+the "memwall.kernels" logger); the fastest is kept, on disk, under a key for this machine: CPU model, ISA flags,
 threads, torch version and the kernels' source hash. A choice timed while other work kept the
 cores busy is used by this process but not kept: on shared cores, one stalled thread can make
 the best path look like the worst.
@@ -32,8 +32,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
-import sys
 import tempfile
 
 import torch
@@ -53,6 +53,7 @@ METHOD = 7  # how calibrate.py times paths; a new way of timing must not reuse t
 APPROXIMATE = ("w8a8",)  # paths taken only when pinned
 FEW_ROWS = {"fp32": 256, "bf16": 256, "fp16": 256, "int8": 8, "int4": 8}
 
+log = logging.getLogger("memwall.kernels")
 _memo: dict[tuple, str] = {}
 _announced = False
 
@@ -140,11 +141,9 @@ def _measure(layer, x, rows: int, options: tuple[str, ...]) -> str:
     this process measures."""
     global _announced
     if not _announced:
-        print(
-            # two lines, so the notice fits a notebook's output column
-            f"memwall: timing kernel paths on this machine, once;\n  cached in {cache_file()}",
-            file=sys.stderr,
-        )
+        # a log record, not a print: a notebook's page must not depend on who built it
+        # (`memwall build-kernels` calibrates ahead of time and shows these lines)
+        log.info("timing kernel paths on this machine, once; cached in %s", cache_file())
         _announced = True
     candidates = [p for p in options if p not in ("dequant", *APPROXIMATE)] or ["dequant"]
     usual = fixed_path(layer.kernel_key()[0], rows, options)

@@ -1,0 +1,98 @@
+"""How many threads a fused decode step uses, chosen from the steps' own times.
+
+A decode step is a few hundred parallel pieces, each ending at a barrier where every thread waits
+for the slowest. When another process holds one of the cores, the thread that shares that core
+runs only when the scheduler gives it a turn (milliseconds later), and every barrier pays for
+the wait: two threads can then be tens of times slower than one. Load averages cannot say this
+in time (they lag by a minute, and in a container they describe the host), so the step measures:
+it runs on all its threads, tries one thread now and then, and keeps whichever was faster.
+
+- A try that loses waits twice as long before the next one, so a machine that stays quiet pays
+  for the tries less and less; a try that wins switches at once.
+- A step much slower than the recent ones (another process just started) brings the next try
+  forward to the next step.
+- Trying more threads while others hold the cores costs a very slow step, so it is tried only
+  when the kernel's counters say that the other cores were idle for at least half a core's time
+  since the last look (`/proc/stat`; where it cannot be read, the doubling wait alone decides).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import deque
+
+FIRST_TRY = 8  # steps before the other thread count is tried again after a switch
+LONGEST_WAIT = 256  # steps between tries at most: how late a change of load is noticed
+CLEAR_WIN = 0.9  # a try replaces the current count when it takes under 0.9 of its time
+SUDDEN = 2.0  # a step this many times the recent median brings the next try forward
+RECENT = 5  # steps whose median stands for the current count
+IDLE_TO_TRY = 0.5  # idle cores (beside this step's own) needed before more threads are tried
+
+
+class IdleCores:
+    """How many of the cores this process may use sat idle, on average, since the last call."""
+
+    def __init__(self, stat_path: str = "/proc/stat"):
+        self.path = stat_path
+        self.cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+        self.last = (time.monotonic(), self._idle_seconds())
+
+    def _idle_seconds(self) -> float | None:
+        try:
+            with open(self.path) as stat:
+                lines = [line.split() for line in stat if line.startswith("cpu")]
+        except OSError:
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        # fields after the name: user nice system idle iowait ...
+        return sum(int(f[4]) + int(f[5]) for f in lines if f[0] in self.cpus) / ticks
+
+    def __call__(self) -> float | None:
+        now, idle = time.monotonic(), self._idle_seconds()
+        (then, before), self.last = self.last, (now, idle)
+        if idle is None or before is None or now <= then:
+            return None
+        return (idle - before) / (now - then)
+
+
+class ThreadChoice:
+    """The thread count of each step: `threads()` before it, `record(threads, seconds)` after."""
+
+    def __init__(self, most: int, idle_cores=None):
+        self.current = max(1, most)
+        self.other = 1 if self.current > 1 else None
+        self.idle_cores = idle_cores or IdleCores()
+        self.recent: deque[float] = deque(maxlen=RECENT)
+        self.wait, self.countdown = FIRST_TRY, 1  # the first try comes right after one step
+
+    def threads(self) -> int:
+        if self.other is None or self.countdown > 0 or not self.recent:
+            return self.current
+        if self.other > self.current:
+            idle = self.idle_cores()
+            if idle is not None and idle < IDLE_TO_TRY:
+                self.countdown = self.wait  # the other cores are taken: no try this time
+                return self.current
+        return self.other
+
+    def record(self, threads: int, seconds: float) -> None:
+        if threads == self.current:
+            if self.recent and seconds > SUDDEN * statistics.median(self.recent):
+                self.recent.clear()  # the older steps no longer describe this machine
+                self.countdown = 0
+            else:
+                self.countdown -= 1
+            self.recent.append(seconds)
+            return
+        if seconds < CLEAR_WIN * statistics.median(self.recent):
+            self.current, self.other = threads, self.current
+            self.recent.clear()
+            self.recent.append(seconds)
+            self.wait = FIRST_TRY
+        else:
+            self.wait = min(2 * self.wait, LONGEST_WAIT)
+        self.countdown = self.wait
+        if threads > self.current:
+            self.idle_cores()  # the next look at idle time starts after this try
