@@ -1,0 +1,113 @@
+"""Decode speed on a quiet machine and beside one busy process: does each engine share the cores?
+
+    .venv/bin/python benchmarks/contention.py [--new-tokens 64] [--rounds 2] [--out DIR]
+
+Binder, Colab and a reader's other notebook all put other work on the cores an engine uses. This
+times batch-1 decode (`memwall bench decode`: memwall's fast path in fp32, int8 and int4, and the
+readable int4 engine) and, when `benchmarks/llamacpp_compare.py --install` has built it,
+llama.cpp on the shipped Q4_1 file, first quiet, then with one `while True: pass` process beside
+it, alternating the two conditions over `--rounds` rounds. Each condition runs in fresh processes,
+so no thread pool or measured thread count carries over. It prints tok/s quiet, busy, and the
+kept fraction per path, and saves a record (`contention-<machine id>-<date>.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from memwall.bench.records import save_record  # noqa: E402
+
+MEMWALL = [sys.executable, "-m", "memwall.cli"]
+
+
+@contextmanager
+def busy_loop(on: bool):
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if on else None
+    try:
+        yield
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait()
+
+
+def memwall_paths(new_tokens: int) -> dict[str, float]:
+    """tok/s of each memwall path, from one `bench decode` process per engine setting."""
+    speeds = {}
+    for fast, quant in (("on", "none,int8,int4"), ("off", "int4")):
+        command = [*MEMWALL, "bench", "decode", "--json", "--new-tokens", str(new_tokens)]
+        command += ["--fast", fast, "--quant", quant, "--repeats", "3"]
+        result = json.loads(
+            subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        )
+        for label, value in result.items():
+            if isinstance(value, dict) and "tok_per_s" in value:
+                speeds[label if fast == "on" else f"{label}-readable"] = value["tok_per_s"]
+    return speeds
+
+
+def llama_cpp(new_tokens: int) -> dict[str, float]:
+    script = HERE / "llamacpp_compare.py"
+    if not (HERE / ".venv-llamacpp" / "bin" / "python").exists():
+        return {}
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "compare.json"
+        command = [sys.executable, str(script), "--rounds", "3", "--new-tokens", str(new_tokens)]
+        done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"llama.cpp not timed: {done.stderr.strip().splitlines()[-1:]}")
+            return {}
+        medians = json.loads(out.read_text())["tok_per_s_median"]
+    return {"llama.cpp Q4_1": medians["llama.cpp"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    args = parser.parse_args(argv)
+    samples: dict[str, dict[str, list[float]]] = {"quiet": {}, "busy": {}}
+    for round_number in range(args.rounds):
+        for condition in ("quiet", "busy"):
+            with busy_loop(condition == "busy"):
+                speeds = memwall_paths(args.new_tokens) | llama_cpp(args.new_tokens)
+            for path, tok_s in speeds.items():
+                samples[condition].setdefault(path, []).append(tok_s)
+            print(
+                f"round {round_number + 1}, {condition}: "
+                + ", ".join(f"{p} {v:.1f}" for p, v in speeds.items()),
+                flush=True,
+            )
+    table = {}
+    print(f"\n{'path':<22} {'quiet tok/s':>12} {'busy tok/s':>11} {'kept':>6}")
+    for path, quiet in samples["quiet"].items():
+        busy = samples["busy"].get(path)
+        if not busy:
+            continue
+        row = {"quiet": statistics.median(quiet), "busy": statistics.median(busy)}
+        row["kept"] = row["busy"] / row["quiet"]
+        table[path] = row
+        print(f"{path:<22} {row['quiet']:>12.1f} {row['busy']:>11.1f} {row['kept']:>6.0%}")
+    record = {
+        "benchmark": "contention",
+        "new_tokens": args.new_tokens,
+        "paths": table,
+        "samples": samples,
+    }
+    print(f"saved {save_record(record, 'contention', args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
