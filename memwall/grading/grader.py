@@ -108,28 +108,39 @@ def grade(
         def tqdm(items, **options):
             return items
 
-    from memwall.grading.report import ReportWriter, print_summary
+    from memwall.grading.report import OutputLock
 
     check_ready(timeout, cell_timeout, jobs, call_timeout)
     use_sandbox = resolve_sandbox(sandbox, limits, read_only_paths)
+    with OutputLock(out_csv):  # a second run on the same --out stops here, with a message
+        return _grade_locked(
+            submissions_dir, out_csv, feedback_dir, solutions_dir, progress, tqdm,
+            Options(
+                float(timeout), float(cell_timeout), float(call_timeout or cell_timeout),
+                use_sandbox, max(1, (os.cpu_count() or 1) // int(jobs)), limits,
+                tuple(read_only_paths),
+            ),
+            int(jobs),
+        )  # fmt: skip
+
+
+def _grade_locked(submissions_dir, out_csv, feedback_dir, solutions_dir, progress, tqdm, options,
+                  jobs):  # fmt: skip
+    from memwall.grading.report import ReportWriter, print_summary
+
     started = time.monotonic()
     writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
     submissions, skipped = find_submissions(submissions_dir)
     solutions = SolutionBook(solutions_dir)
     use_key(solutions.find_key())  # the references: beside the solutions, never in the package
-    jobs = int(jobs)
-    options = Options(
-        float(timeout), float(cell_timeout), float(call_timeout or cell_timeout), use_sandbox,
-        max(1, (os.cpu_count() or 1) // jobs), limits, tuple(read_only_paths),
-    )  # fmt: skip
     pool = ThreadPoolExecutor(max_workers=jobs)
-    futures = [pool.submit(grade_submission, s, solutions, options) for s in submissions]
+    futures = {pool.submit(grade_submission, s, solutions, options): s for s in submissions}
     try:
         for future in tqdm(
             as_completed(futures), total=len(futures), desc="grading", unit="nb",
             disable=not progress,
         ):  # fmt: skip
-            writer.add(future.result())
+            writer.add(_row_of(future, futures[future]))
     except KeyboardInterrupt:
         # Ctrl-C should stop now, not after every queued notebook has run to its timeout.
         pool.shutdown(wait=False, cancel_futures=True)
@@ -140,6 +151,17 @@ def grade(
     if progress:
         print_summary(writer.rows, skipped, out_csv, feedback_dir, time.monotonic() - started)
     return writer.rows
+
+
+def _row_of(future, submission):
+    """The finished row; a grader failure becomes that row's status, never the batch's end."""
+    try:
+        return future.result()
+    except Exception as error:
+        row = GradeRow(submission.student, submission.notebook, submission.chapter)
+        row.feedback_name = submission.feedback_name
+        row.status, row.graded = f"grader error: {type(error).__name__}: {error}", False
+        return row
 
 
 class SolutionBook:

@@ -11,6 +11,7 @@ import csv
 import io
 from pathlib import Path
 
+from memwall.grading.names import printable, printable_lines, readable
 from memwall.grading.safe_files import write_atomically
 from memwall.grading.summary import summary_path, write_summary
 
@@ -44,13 +45,44 @@ class ReportWriter:
         self.rows.append(row)
         self.rows.sort(key=lambda r: (r.student, r.notebook, r.feedback_name))
         if self.feedback_dir is not None:
-            Path(self.feedback_dir).mkdir(parents=True, exist_ok=True)
-            write_feedback(row, Path(self.feedback_dir) / row.feedback_name)
+            try:
+                Path(self.feedback_dir).mkdir(parents=True, exist_ok=True)
+                write_feedback(row, Path(self.feedback_dir) / row.feedback_name)
+            except (OSError, ValueError) as error:  # this row says so; the batch goes on
+                row.status = f"{row.status}; grader error: feedback not written: {error}"
+                row.graded = False
         write_csv(self.rows, self.out_csv)
 
     def finish(self):
         write_csv(self.rows, self.out_csv)
         write_summary(self.rows, self.out_csv)  # the instructor's one-page overview
+
+
+class OutputLock:
+    """An exclusive lock on ``--out`` for the whole run: a second run on the same CSV stops with
+    a clear message instead of the two overwriting each other's rows."""
+
+    def __init__(self, out_csv):
+        self.path = Path(out_csv).with_name(f".{Path(out_csv).name}.lock")
+        self.handle = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a")  # noqa: SIM115 (held until __exit__)
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise ValueError(
+                f"another memwall grade is writing {self.path.with_name(self.path.name[1:-5])}; "
+                "wait for it to finish or choose another --out"
+            ) from None
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()  # closing releases the lock
 
 
 def write_csv(rows, out_csv):
@@ -74,7 +106,9 @@ def write_csv(rows, out_csv):
 
 
 def safe_cell(text: str) -> str:
-    """``text``, with a leading apostrophe when a spreadsheet would read it as a formula."""
+    """``text`` without control characters, with a leading apostrophe when a spreadsheet would
+    read it as a formula."""
+    text = printable(text)
     return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
@@ -98,7 +132,7 @@ def write_feedback(row, path):
             "Check cells and cell order were put back as in the handed-out notebook;",
             "only the original checks count.",
         ]
-    text = "\n".join(lines) + "\n"
+    text = printable_lines("\n".join(lines)) + "\n"
     if len(text) > FEEDBACK_MAX_CHARACTERS:
         text = text[: FEEDBACK_MAX_CHARACTERS - 40] + "\n[feedback cut at the size limit]\n"
     write_atomically(path, text)
@@ -114,11 +148,10 @@ def print_summary(rows, skipped, out_csv, feedback_dir, seconds):
         print(f"feedback files in {feedback_dir}/")
     print(f"summary for the instructor: {summary_path(out_csv)}")
     for row in problems:
-        print(f"  {row.student}, {row.notebook}: {row.status}")
+        print(printable(f"  {row.student}, {row.notebook}: {row.status}"))
     if skipped:
-        print(
-            f"skipped {len(skipped)} files that are not notebooks: {', '.join(p.name for p in skipped[:5])}"
-        )
+        names = ", ".join(readable(p.name) for p in skipped[:5])
+        print(f"skipped {len(skipped)} files that are not notebooks: {names}")
 
 
 def number(value):

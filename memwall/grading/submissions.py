@@ -7,21 +7,25 @@ Two layouts are accepted, and can be mixed:
 
 The chapter part must be the name of a notebook in solutions/ (``01_two_phases``). Hidden files,
 ``.ipynb_checkpoints`` and anything that is not ``.ipynb`` are skipped. Names are normalised to
-Unicode NFC, so "José" typed two ways is one student. A symbolic link (file or student folder)
+Unicode NFC, so "José" typed two ways is one student; a name that is not UTF-8 (a Latin-1 zip)
+is read as Latin-1, and control characters never reach the CSV or the terminal (names.py). A symbolic link (file or student folder)
 is refused rather than followed: it could point at another student's work or at the solutions.
 Two files for the same student and chapter are both reported as duplicates, not graded.
 """
 
 import json
-import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from memwall.grading.names import feedback_file_name, readable
 from memwall.grading.safe_files import UnsafeFile, read_regular
 
 SEPARATOR = "__"
 MAX_NOTEBOOK_BYTES = 32 * 2**20
+# A real chapter has well under 200 cells; a notebook of 100,000 would cost the whole timeout
+# and gigabytes of the grader's memory before it ran, so it is refused before it is restored.
+MAX_CELLS = 2_000
 REFUSED_LINK = "refused: a symbolic link (hand in the notebook itself)"
 
 
@@ -38,7 +42,7 @@ class Submission:
 
     @property
     def feedback_name(self) -> str:
-        return f"{self.student}{SEPARATOR}{self.chapter or self.path.stem}.txt"
+        return feedback_file_name(self.student, self.chapter or nfc(self.path.stem))
 
 
 def find_submissions(folder) -> tuple:
@@ -52,7 +56,7 @@ def find_submissions(folder) -> tuple:
             continue
         if path.is_symlink():
             if path.suffix == ".ipynb" or path.is_dir():
-                student, _, chapter = nfc(path.stem).rpartition(SEPARATOR)
+                student, chapter = split_name(path.stem)
                 found.append(Submission(student or nfc(path.stem), chapter, path, REFUSED_LINK))
             else:
                 skipped.append(path)
@@ -65,7 +69,7 @@ def find_submissions(folder) -> tuple:
                 elif not inner.name.startswith("."):
                     skipped.append(inner)
         elif is_notebook(path):
-            student, _, chapter = nfc(path.stem).rpartition(SEPARATOR)
+            student, chapter = split_name(path.stem)
             found.append(
                 Submission(student, chapter, path)
                 if student
@@ -92,8 +96,15 @@ def mark_duplicates(found) -> list:
     return marked
 
 
+def split_name(stem: str) -> tuple:
+    """(student, chapter) of ``student__chapter``, each made readable ("" when no separator)."""
+    student, _, chapter = stem.rpartition(SEPARATOR)
+    return (nfc(student), nfc(chapter)) if student else ("", nfc(chapter))
+
+
 def nfc(name: str) -> str:
-    return unicodedata.normalize("NFC", name)
+    """A name from the file system as safe, normalised text (names.readable)."""
+    return readable(name)
 
 
 def is_notebook(path: Path) -> bool:
@@ -121,6 +132,9 @@ def read_submission(path: Path):
         return None, "not JSON"
     if not isinstance(raw, dict) or not isinstance(raw.get("cells", raw.get("worksheets")), list):
         return None, "not a notebook"
+    cells = raw.get("cells", raw.get("worksheets"))
+    if len(cells) > MAX_CELLS:
+        return None, f"refused: {len(cells)} cells (a submission may have at most {MAX_CELLS})"
     try:
         nb = nbformat.reads(data.decode("utf-8"), as_version=4, capture_validation_error={})
         nb.cells = [cell for cell in nb.cells if isinstance(cell, dict)]
