@@ -35,6 +35,19 @@ def kernel_peak_bytes(client, field: str = "VmHWM") -> int:
     raise RuntimeError(f"no {field} line: this script needs Linux's /proc")
 
 
+def machine_line() -> str:
+    """The limits the chapters' buffers are sized from here (a huge cache changes what they hold)."""
+    from memwall.machine import buffer_budget_bytes, last_level_cache_bytes, memory_limit
+
+    limit = memory_limit()
+    where = f"{limit.limit_bytes / 1e9:.2f} GB ({limit.source})" if limit.limit_bytes else "none"
+    return (
+        f"memory limit {where}, {limit.available_bytes / 1e9:.1f} GB available; "
+        f"last-level cache {last_level_cache_bytes() / 2**20:.0f} MiB; "
+        f"a measurement's buffers take at most {buffer_budget_bytes() / 2**20:.0f} MiB"
+    )
+
+
 def run_chapter(path: Path, timeout: int, by_cell: bool = False) -> dict:
     nb = nbformat.read(str(path), as_version=4)
     client = nbclient.NotebookClient(
@@ -74,6 +87,7 @@ def main(argv=None) -> int:
     chapters = sorted((REPO / "chapters").glob("*.ipynb"))
     if args.prefixes:
         chapters = [p for p in chapters if any(p.name.startswith(x) for x in args.prefixes)]
+    print(machine_line(), flush=True)
     results = []
     for path in chapters:
         result = run_chapter(path, args.timeout, by_cell=args.cells)

@@ -8,8 +8,8 @@ from memwall.ceilings import ceiling, technique_row, times_baseline, verdict
 
 
 def test_batch_8_on_a_cpu_is_compute_bound():
-    # Chapter 9's batch-8 row on the Zen 5 VM: SmolLM2-135M fp32 (538 MB, 0.27 GFLOP per token),
-    # 75 GB/s and 211 GFLOP/s: the memory roof alone said 1,118 tok/s, the compute roof is ~780.
+    # Batch 8 of SmolLM2-135M fp32 (538 MB, 0.27 GFLOP per token) on a 2-core CPU at 75 GB/s and
+    # 211 GFLOP/s: the memory roof alone says 1,115 tok/s, but the compute roof is about 780.
     roofs = ceiling(538e6, 8 * 0.27e9, 75e9, 211e9, tokens_per_step=8)
     assert round(roofs.memory_roof) == 1115 and round(roofs.compute_roof) == 781
     assert roofs.ceiling == roofs.compute_roof and roofs.bound == "compute"

@@ -103,8 +103,9 @@ def test_measure_takes_a_bf16_roof_exactly_where_the_cpu_has_bf16():
 
 @pytest.mark.parametrize("kernel_rate", [1e18, 1.0], ids=["kernel faster", "torch faster"])
 def test_the_fp32_roof_is_the_faster_of_torchs_matmul_and_memwalls_kernel(monkeypatch, kernel_rate):
-    """A BLAS that leaves the CPU's widest instructions unused (MKL on AMD) must not set a roof
-    that memwall's own kernel beats; where the library is faster, its rate stands."""
+    """A BLAS that leaves the CPU's widest instructions unused (a vendor's library on another
+    vendor's CPU) must not set a roof that memwall's own kernel beats; where the library is
+    faster, its rate stands."""
     monkeypatch.setattr(microbench, "_memwall_kernel_flops", lambda repeats: kernel_rate)
     with_kernel = microbench._measure.__wrapped__("cpu", True, True)
     without = microbench._measure.__wrapped__("cpu", True, False)

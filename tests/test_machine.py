@@ -2,6 +2,8 @@
 a bandwidth test's buffers (past the cache where the budget allows, else inside it, and then it
 says so)."""
 
+import dataclasses
+
 import pytest
 
 from memwall.machine import caches, cores
@@ -14,7 +16,7 @@ from memwall.machine.working_set import (
     dram_working_set,
 )
 
-XEON_LIKE = (CacheLevel(1, 48 * 2**10, 1), CacheLevel(2, 2 * MiB, 1), CacheLevel(3, 480 * MiB, 2))
+HUGE_L3 = (CacheLevel(1, 48 * 2**10, 1), CacheLevel(2, 2 * MiB, 1), CacheLevel(3, 480 * MiB, 2))
 
 
 def fake_cgroup(tmp_path, lines: str, files: dict[str, str]):
@@ -75,18 +77,18 @@ def test_cache_levels_come_from_sysfs(tmp_path):
         for name, text in (("level", level), ("type", kind), ("size", size)):
             (folder / name).write_text(f"{text}\n")
         (folder / "shared_cpu_list").write_text(f"{shared}\n")
-    assert caches.cache_levels.__wrapped__(str(tmp_path)) == XEON_LIKE
+    assert caches.cache_levels.__wrapped__(str(tmp_path)) == HUGE_L3
 
 
 def test_which_level_a_working_set_lives_in():
-    assert level_of(32 * 2**10, XEON_LIKE) == "L1"
-    assert level_of(1 * MiB, XEON_LIKE) == "L2"
-    assert level_of(64 * MiB, XEON_LIKE) == "L3"  # a "DRAM" test matrix beside a huge cache
-    assert level_of(538 * MiB, XEON_LIKE) == "DRAM"
+    assert level_of(32 * 2**10, HUGE_L3) == "L1"
+    assert level_of(1 * MiB, HUGE_L3) == "L2"
+    assert level_of(64 * MiB, HUGE_L3) == "L3"  # a "DRAM" test matrix beside a huge cache
+    assert level_of(538 * MiB, HUGE_L3) == "DRAM"
     assert level_of(64 * MiB, (CacheLevel(3, 32 * MiB, 2),)) == "DRAM"
     assert level_of(1, ()) == "DRAM"  # no cache known
     with pytest.raises(ValueError, match="at least 0"):
-        level_of(-1, XEON_LIKE)
+        level_of(-1, HUGE_L3)
 
 
 def test_parse_size():
@@ -148,6 +150,29 @@ def test_a_probe_says_which_level_it_measures(monkeypatch):
     past = probe.RooflineProbe("cpu", reads=1)
     assert (past.level, past.note, past.working_set_bytes) == ("DRAM", "", 8 * MiB)
     assert past() > 0 and isinstance(past.buffer, torch.Tensor)
-    monkeypatch.setattr(caches, "cache_levels", lambda: XEON_LIKE)
+    monkeypatch.setattr(caches, "cache_levels", lambda: HUGE_L3)
     chosen = probe.RooflineProbe("cpu", working_set_bytes=4 * MiB, reads=1)
     assert chosen.level == LAST_LEVEL_CACHE and "fits in the L3 cache" in chosen.note
+
+
+def a_measurement(memory_level="DRAM", cache_bandwidth=90e9):
+    from memwall.machine.measurement import Measurement
+
+    return Measurement("cpu model", "cpu", "2.x", 2, 30e9, 28e9, 30e9, {"fp32": 1e11},
+                       memory_level=memory_level, cache_bandwidth=cache_bandwidth)  # fmt: skip
+
+
+def test_each_working_set_is_judged_against_its_own_levels_roof():
+    measured = a_measurement()
+    assert measured.roof_for(538 * MiB, HUGE_L3) == ("DRAM", 30e9, "")
+    assert measured.roof_for(64 * MiB, HUGE_L3) == ("L3", 90e9, "")  # the cache is a roof too
+    l2 = measured.roof_for(1 * MiB, HUGE_L3)
+    assert l2.level == "L2" and l2.bandwidth == 90e9 and "faster" in l2.note
+    gpu = dataclasses.replace(measured, device_type="cuda")
+    assert gpu.roof_for(64 * MiB, HUGE_L3) == ("DRAM", 30e9, "")
+
+
+def test_dram_that_was_not_measured_is_named_as_a_bound():
+    measured = a_measurement(memory_level=LAST_LEVEL_CACHE, cache_bandwidth=30e9)
+    roof = measured.roof_for(538 * MiB, HUGE_L3)
+    assert roof.level == "DRAM" and roof.bandwidth == 30e9 and "upper bound" in roof.note

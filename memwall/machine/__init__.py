@@ -7,6 +7,7 @@
 - `caches`: the cache levels, and which level a working set of N bytes lives in.
 - `working_set`: the one rule that sizes a bandwidth test's buffers (caches and memory budget).
 - `microbench`: bandwidth of each memory level and matmul FLOP/s, measured (`measure()`).
+- `measurement`: what it found, and the roof a working set of N bytes answers to (`roof_for`).
 - `probe`: the roofline probed between a benchmark's timed repeats (`RooflineProbe`; needs torch).
 - `notebook_peak`: a notebook's peak memory, run in a fresh kernel.
 
@@ -17,17 +18,19 @@ from memwall.machine.caches import cache_levels, last_level_cache_bytes, level_o
 from memwall.machine.cores import core_limit, usable_cores
 from memwall.machine.devices import default_device
 from memwall.machine.fingerprint import machine_fingerprint
+from memwall.machine.measurement import Measurement, Roof
 from memwall.machine.memory import (
     available_memory_bytes,
     buffer_budget_bytes,
     memory_limit,
 )
-from memwall.machine.microbench import MEASURED_NAME, Measurement, get_hardware, measure
+from memwall.machine.microbench import MEASURED_NAME, get_hardware, measure
 from memwall.machine.working_set import cache_working_set, dram_working_set
 
 __all__ = [
     "MEASURED_NAME",
     "Measurement",
+    "Roof",
     "available_memory_bytes",
     "buffer_budget_bytes",
     "cache_levels",

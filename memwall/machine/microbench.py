@@ -12,48 +12,15 @@ from __future__ import annotations
 import functools
 import platform
 import time
-from dataclasses import dataclass, field
 
 from memwall.hardware import CATALOG, Hardware
 from memwall.hardware import get_hardware as catalog_hardware
 from memwall.machine import working_set as sizing
 from memwall.machine.caches import DRAM, last_level_cache_bytes
+from memwall.machine.measurement import Measurement
 
 # A pseudo-name that get_hardware() answers by measuring the current machine.
 MEASURED_NAME = "this"
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """What `measure()` found. Bandwidths are bytes/s, FLOP rates FLOP/s."""
-
-    device: str  # the CPU's or GPU's model name
-    device_type: str  # "cpu", "cuda", ...
-    torch_version: str
-    threads: int
-    bandwidth: float  # the faster of read-only and copy streaming: the roofline's memory slope
-    read_bandwidth: float  # torch.sum: bytes read / time
-    copy_bandwidth: float  # tensor.copy_: (bytes read + bytes written) / time
-    flops: dict[str, float] = field(default_factory=dict)
-    # which matmul set each rate: "torch" (a square matmul) or "memwall C kernel" (CPU, fp32)
-    flops_source: dict[str, str] = field(default_factory=dict)
-    memory_bytes: float = 0.0
-    working_set_bytes: int = 0
-    machine: dict = field(default_factory=dict)  # machine.fingerprint.machine_fingerprint()
-    memory_level: str = DRAM  # what `bandwidth` measured: "DRAM" or "last-level cache"
-    note: str = ""  # "this measures the cache, not DRAM: ..." where the budget forced it
-    cache_bandwidth: float | None = None  # read bandwidth of the last-level cache (CPU)
-    cache_working_set_bytes: int = 0
-
-    def as_hardware(self) -> Hardware:
-        return Hardware(
-            name=f"this-{self.device_type}",
-            memory_bandwidth=self.bandwidth,
-            peak_flops=dict(self.flops),
-            memory_bytes=self.memory_bytes or 1.0,
-            note=f"measured by memwall.machine.measure() on {self.device}, torch "
-            f"{self.torch_version}, {self.threads} threads, {self.memory_level} bandwidth",
-        )
 
 
 def get_hardware(name_or_hardware: str | Hardware) -> Hardware:
