@@ -75,12 +75,22 @@ def test_metrics_count_what_was_served(tiny_engine):
 
 
 def test_metrics_show_the_queue_and_the_kv_cache_under_load(tiny_engine):
-    held, release = threading.Event(), threading.Event()
+    gathered, held, release = threading.Event(), threading.Event(), threading.Event()
 
-    def hold():  # the engine stops between steps until the test has looked
-        if server.loop.scheduler.step_index >= 2:
-            held.set()
-            release.wait(30)
+    def hold():  # once all 5 are in, one more step counts them; then the engine waits
+        if server.loop.scheduler.step_index < 2:
+            return
+        if not gathered.is_set():
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                stats = server.loop.stats()
+                if stats["running"] + stats["waiting"] == 5:
+                    break
+                time.sleep(0.01)
+            gathered.set()
+            return
+        held.set()
+        release.wait(30)
 
     with tiny_server(tiny_engine, max_batch=2) as server, patched_step(server, hold):
         client = client_for(server)
@@ -93,9 +103,6 @@ def test_metrics_show_the_queue_and_the_kv_cache_under_load(tiny_engine):
         with ThreadPoolExecutor(5) as pool:
             answers = [pool.submit(complete, i) for i in range(5)]
             assert held.wait(30)
-            deadline = time.monotonic() + 10
-            while server.loop.stats()["waiting"] < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
             m = scrape(server)
             release.set()
             assert all(a.result(timeout=60).usage.completion_tokens == 8 for a in answers)

@@ -77,7 +77,7 @@ class EngineLoop:
         self._inbox: list[tuple[Request, Ticket]] = []
         self._aborts: list[tuple[int, str]] = []
         self._tickets: dict[int, Ticket] = {}  # touched by the engine thread only
-        self._scheduler_waiting = 0  # len(scheduler.waiting) after the last step
+        self._publish()  # the counts other threads read (stats), as of the last step
         # The last requests that finished (not aborted), with their step counts, for studies.
         self.finished = deque(maxlen=256)
         self._closing = False
@@ -102,7 +102,9 @@ class EngineLoop:
         with self._wake:
             if self._closing:
                 raise QueueFull("the server is shutting down")
-            if len(self._inbox) + self._scheduler_waiting >= self.max_queue + self._free_places():
+            if len(self._inbox) + self._counts["scheduler_waiting"] >= (
+                self.max_queue + self._free_places()
+            ):
                 raise QueueFull(f"{self.max_queue} requests are already waiting")
             ticket = Ticket(next(self._ids), len(prompt_ids))
             request = Request(
@@ -124,19 +126,23 @@ class EngineLoop:
             self._wake.notify()
 
     def _free_places(self) -> int:
-        return max(0, self.scheduler.max_batch - len(self.scheduler.running))
+        return max(0, self.scheduler.max_batch - self._counts["running"])
 
-    def stats(self) -> dict:
-        blocks = self.scheduler.cache.blocks
+    def stats(self, at_step_boundary: bool = False) -> dict:
+        """Running and waiting requests, free KV blocks, ...: as of the last step boundary, with
+        the requests submitted since as waiting; at_step_boundary=True: all as of that boundary
+        (what /metrics shows, as vLLM's do: a request that finished in the step under way and
+        its client's next one are then never counted both)."""
         sizes = self.scheduler.batch_sizes
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting) + len(self._inbox),
-            "free_blocks": blocks.n_free,
-            "total_blocks": blocks.n_blocks,
-            "steps": self.scheduler.step_index,
+        with self._wake:
+            counts, inbox = dict(self._counts), len(self._inbox)
+        if at_step_boundary:
+            inbox = counts["inbox"]
+        waiting = counts.pop("scheduler_waiting") + inbox
+        del counts["inbox"]
+        return counts | {
+            "waiting": waiting,
             "mean_batch": sum(sizes) / len(sizes) if sizes else 0.0,
-            "preemptions": self.scheduler.preemptions,
             "failures": self.failures,
         }
 
@@ -175,21 +181,9 @@ class EngineLoop:
                     self._wake.wait()
                 if self._closing:
                     break
-                inbox, self._inbox = self._inbox, []
-                aborts, self._aborts = self._aborts, []
-            for request, ticket in inbox:
-                try:
-                    request.arrival_step = scheduler.step_index  # it joins at this step
-                    scheduler.submit(request)
-                    self._tickets[ticket.request_id] = ticket
-                    self.metrics.admitted(ticket.prompt_tokens)
-                except ValueError as error:
-                    ticket.events.put(("error", str(error)))
-            for request_id, reason in aborts:
-                scheduler.abort(request_id)
-                ticket = self._tickets.pop(request_id, None)
-                if ticket is not None:  # (not when it had finished already)
-                    self._ended(ticket, reason)
+                # Under the lock (these are quick), so stats() never misses a request in transit.
+                self._take_inbox_and_aborts()
+                self._publish()
             if not scheduler.idle:
                 try:
                     scheduler.step()
@@ -197,13 +191,47 @@ class EngineLoop:
                     self.failures += 1
                     self._end_everything("error", traceback.format_exc(limit=3))
             with self._wake:
-                self._scheduler_waiting = len(scheduler.waiting)
+                self._publish()
             self._trim_history()
         with self._wake:
             inbox, self._inbox = self._inbox, []
         for _, ticket in inbox:
             ticket.events.put(("shutdown", self._close_message))
         self._end_everything("shutdown", self._close_message)
+        with self._wake:
+            self._publish()
+
+    def _take_inbox_and_aborts(self) -> None:
+        scheduler = self.scheduler
+        inbox, self._inbox = self._inbox, []
+        aborts, self._aborts = self._aborts, []
+        for request, ticket in inbox:
+            try:
+                request.arrival_step = scheduler.step_index  # it joins at this step
+                scheduler.submit(request)
+                self._tickets[ticket.request_id] = ticket
+                self.metrics.admitted(ticket.prompt_tokens)
+            except ValueError as error:
+                ticket.events.put(("error", str(error)))
+        for request_id, reason in aborts:
+            scheduler.abort(request_id)
+            ticket = self._tickets.pop(request_id, None)
+            if ticket is not None:  # (not when it had finished already)
+                self._ended(ticket, reason)
+
+    def _publish(self) -> None:
+        """Copy the scheduler's counts for other threads (call with the lock held): read in the
+        middle of a step, they could count a request that just finished as running still."""
+        scheduler, blocks = self.scheduler, self.scheduler.cache.blocks
+        self._counts = {
+            "running": len(scheduler.running),
+            "scheduler_waiting": len(scheduler.waiting),
+            "inbox": len(self._inbox),
+            "free_blocks": blocks.n_free,
+            "total_blocks": blocks.n_blocks,
+            "steps": scheduler.step_index,
+            "preemptions": scheduler.preemptions,
+        }
 
     def _trim_history(self) -> None:
         scheduler = self.scheduler

@@ -98,7 +98,8 @@ def make_handler(service):
 
         def _get(self, route):
             if route == "/metrics":
-                text = service.loop.metrics.render(service.loop.stats(), service.draining)
+                stats = service.loop.stats(at_step_boundary=True)
+                text = service.loop.metrics.render(stats, service.draining)
                 return self._send(200, text.encode(), metrics.CONTENT_TYPE)
             if route == "/health":
                 status = {"status": "draining" if service.draining else "ok"}
