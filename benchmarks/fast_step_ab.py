@@ -36,8 +36,8 @@ import torch
 from memwall.bench import workload
 from memwall.bench.batch import cache_with_context
 from memwall.engine import Transformer
-from memwall.engine.cpu import kernels as cpu_kernels
 from memwall.engine.cpu import build, fast_decode
+from memwall.engine.cpu import kernels as cpu_kernels
 from memwall.engine.quant import quantize
 
 parser = argparse.ArgumentParser()
