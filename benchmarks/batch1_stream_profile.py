@@ -187,6 +187,7 @@ def main() -> None:
     if args.out is None:
         args.out = save_record(record, f"batch1_stream_profile_{args.format}")
     else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
 

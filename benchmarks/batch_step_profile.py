@@ -114,6 +114,7 @@ def main() -> None:
     if args.out is None:
         args.out = save_record(record, "batch_step_profile")
     else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/fast_decode_overhead.py [--formats fp32,int8,int4] [--rounds 8]
 
 For each weight format, rounds alternate: a read-bandwidth probe (sum over 1 GiB), 12 readable
-decode steps, a probe, 12 fast steps (`memwall.engine.cpu.fast_decode.accelerate`). It prints the
-median step time, tok/s, the fraction of the probe's bandwidth that the step's weight bytes
-reach, and the per-step overhead of the fast path (its step time minus the same matmuls called
-on their own). The JSON goes to benchmarks/results/fast_decode_overhead.json.
+decode steps, a probe, 12 fast steps (`accelerate(model)`). It prints the median step time,
+tok/s, the fraction of the probe's bandwidth that the step's weight bytes reach, and the per-step
+overhead of the fast path (its step time minus the same matmuls called on their own). The record
+goes to benchmarks/results/fast_decode_overhead-<machine id>-<date>.json (`--out` to write
+elsewhere).
 """
 
 from __future__ import annotations
@@ -21,20 +22,19 @@ from pathlib import Path
 import torch
 
 from memwall import models
+from memwall.bench.records import save_record
 from memwall.engine import Transformer
 from memwall.engine.accelerate import accelerate
 from memwall.engine.cpu import chosen_paths
 from memwall.engine.quant import quantize
 from memwall.machine.fingerprint import machine_fingerprint
 
-RESULT = Path(__file__).resolve().parent / "results" / "fast_decode_overhead.json"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default="fp32,int8,int4")
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, help="default: a record in benchmarks/results")
     args = parser.parse_args()
     hf_model, tokenizer = models.load("smollm2-135m")
     base = Transformer.from_hf(hf_model)
@@ -98,8 +98,11 @@ def main() -> None:
         print(fmt, json.dumps(result), flush=True)
     record["load_after"] = os.getloadavg()[0]
     record["kernels"] = chosen_paths()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    if args.out is None:
+        args.out = save_record(record, "fast_decode_overhead")
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"recorded in {args.out}")
 
 

@@ -10,7 +10,8 @@ offset per group, the same bytes per weight as Q4_1) and an int8 head. llama.cpp
 as it is. Both decode greedily after the same prompt, with the same thread count, in alternating
 rounds (memwall in this process, llama.cpp in a worker process running from its own venv,
 benchmarks/.venv-llamacpp, so that llama-cpp-python's dependencies never enter memwall's). The
-result, with the machine fingerprint, goes to benchmarks/results/llamacpp_compare.json.
+record, with the machine fingerprint, goes to
+benchmarks/results/llamacpp_compare-<machine id>-<date>.json (`--out` to write elsewhere).
 
 Never part of `make test`: it needs the network once (--install) and minutes of quiet machine.
 """
@@ -29,7 +30,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 LLAMA_VENV = HERE / ".venv-llamacpp"
 LLAMA_PYTHON = LLAMA_VENV / "bin" / "python"
-RESULT = HERE / "results" / "llamacpp_compare.json"
 PROMPT = "The memory wall is the gap between how fast a processor computes and"
 
 
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--readable", action="store_true", help="memwall's readable decode path")
     parser.add_argument("--worker", metavar="GGUF", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, help="default: a record in benchmarks/results")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, args.threads)
@@ -185,8 +185,13 @@ def main(argv=None) -> int:
         f"memwall {medians['memwall']:.1f} tok/s, llama.cpp {medians['llama.cpp']:.1f} tok/s: "
         f"memwall / llama.cpp = {record['memwall_over_llamacpp']:.2f} ({args.threads} threads)"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    if args.out is None:
+        from memwall.bench.records import save_record
+
+        args.out = save_record(record, "llamacpp_compare")
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"recorded in {args.out}")
     return 0
 
