@@ -3,8 +3,8 @@
 A figure recorded on one machine and shown on another must say so: two CPUs with the same model
 name can differ in vector width, cache size or memory bandwidth, so a recorded tok/s compares
 only with one from the same kind of machine. Every record therefore carries the machine's
-fingerprint (`machine`) and its short id (`machine_id`, `memwall.machine.fingerprint.fingerprint_id`),
-and its file name says what was measured, where and when:
+fingerprint (`machine`) and its short id (`machine_id`, from `fingerprint_id` in
+`memwall.machine.fingerprint`), and its file name says what was measured, where and when:
 
     <benchmark>-<machine id>-<date>.json      e.g. batch_fast-28ba0b498450-2026-12-04T0042.json
 
