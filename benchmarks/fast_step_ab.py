@@ -1,7 +1,7 @@
-"""The whole fast decode step with two builds of the AVX-512 kernels, timed step by step in one
+"""The whole fast decode step with two builds of the C kernels, timed step by step in one
 process (A, B, B, A, ...), so that both see the same phase of a shared machine's bandwidth.
 
-Build each library first, e.g. for the committed kernels against an older commit:
+Build each library first, e.g. for the committed AVX-512 kernels against an older commit:
 
     mkdir -p /tmp/base /tmp/new
     for f in kernels_avx512.c common.h decode_ops.h decode_step.h; do

@@ -1,6 +1,6 @@
 """Does `fraction_of_roofline` hold across processes? Run `memwall bench decode` in fresh processes.
 
-The target (issue 15): on a shared VM whose bandwidth jumps between levels, the fractions from
+The target (issue 15): on a shared machine whose bandwidth jumps between levels, the fractions from
 three fresh processes agree within 1.2x, because each takes its roofline from bandwidth probes
 interleaved with its own timed repeats. Usage:
 
