@@ -94,15 +94,15 @@ lint: $(STAMP)
 test: $(STAMP) browser sandbox lint test-paths
 	$(BIN)/python -m pytest -q -ra --durations=15
 
-# The engine's tests (not the slow ones) once per kernel setting: each path pinned (every path
-# of every format appears in one of the pin lists), paths measured, the C kernels switched off,
-# and each C variant pinned (one this CPU cannot run leaves the kernels off, and their tests
-# skip; the variant this CPU uses anyway is not run twice). The full run above uses the fixed
-# rule, and runs the tests marked `once` (compiling, sampling statistics: no setting changes
-# them). The dequant line pins the float formats too, so that only `auto` times paths.
-# About 7 minutes on a 2-core Zen 3.
-ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py speculative.py \
-    kv_heads.py kv_quant.py paged_cache.py gguf_q4.py)
+# The CPU backend's tests (not the slow ones) once per kernel setting: each path pinned (every
+# path of every format appears in one of the pin lists), paths measured, the C kernels switched
+# off, and each C variant pinned (one this CPU cannot run leaves the kernels off, and their tests
+# skip; the variant this CPU uses anyway is not run twice). Only the files that run the backend
+# (accelerate, the twins, the kernels) are repeated: the readable engine takes no kernel path, so
+# no setting changes its tests. The full run above uses the fixed rule, and runs the tests marked
+# `once` (compiling, sampling statistics). The dequant line pins the float formats too, so that
+# only `auto` times paths.
+ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py threads.py)
 KERNEL_SETTINGS := \
     MEMWALL_KERNEL_PATH=fp32:c,bf16:c,fp16:bmm,int8:c,int4:c \
     MEMWALL_KERNEL_PATH=fp32:bmm,bf16:linear,fp16:linear,int8:c_many,int4:c_many \
@@ -114,7 +114,7 @@ KERNEL_SETTINGS := \
     MEMWALL_CPU_VARIANT=avx2 \
     MEMWALL_CPU_VARIANT=portable
 test-paths: $(STAMP)
-	@set -e; in_use="$$($(BIN)/python -c 'from memwall.engine import cpu_kernels as k; print(k.variant())')"; \
+	@set -e; in_use="$$($(BIN)/python -c 'from memwall.engine.cpu import kernels as k; print(k.variant())')"; \
 	for setting in $(KERNEL_SETTINGS); do \
 	    if [ "$$setting" = "MEMWALL_CPU_VARIANT=$$in_use" ]; then \
 	        echo "== $$setting: skipped, the variant in use here (every other setting runs it)"; continue; \
