@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-# Kernel paths by the fixed rule, not by timing this machine: tests must not depend on timings.
-# Tests that compare paths pin them (memwall.engine.cpu.paths).
+# The CPU twins take kernel paths by the fixed rule, not by timing this machine: tests must not
+# depend on timings. Tests that compare paths pin them (memwall.engine.cpu.path_choice).
 os.environ.setdefault("MEMWALL_KERNEL_PATH", "fixed")
 
 
