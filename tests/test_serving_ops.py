@@ -140,6 +140,34 @@ def test_one_log_line_per_request_and_a_disconnect_is_one_line(tiny_engine, capl
     assert stats["free_blocks"] == stats["total_blocks"]
 
 
+def test_a_connection_error_outside_a_request_is_one_line(tiny_engine, caplog, capfd):
+    caplog.set_level("INFO", logger="memwall.serving")
+    with tiny_server(tiny_engine) as server:
+        try:  # as when a kept-alive client resets while the server reads its next request
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError:
+            server.handle_error(None, ("127.0.0.1", 5555))
+    assert [r.getMessage() for r in caplog.records] == [
+        "127.0.0.1 client disconnected (ConnectionResetError)"
+    ]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_unstreamed_request_whose_client_left_is_aborted(tiny_engine):
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True}).encode()
+    with tiny_server(tiny_engine) as server:
+        with patched_step(server, lambda: time.sleep(0.01)):  # 200 tokens would take 2 s
+            connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=30)
+            connection.request("POST", "/v1/completions", body)
+            while server.loop.stats()["running"] == 0:
+                time.sleep(0.01)
+            connection.close()  # nothing was written to it yet: only the poll can tell
+            stats = wait_until_idle(server)
+            generated = scrape(server)["memwall:generation_tokens_total"]
+    assert stats["free_blocks"] == stats["total_blocks"] and len(server.loop.finished) == 0
+    assert generated < 100  # it stopped within a poll or so of the client leaving
+
+
 # ---- a key and a browser -----------------------------------------------------------------------
 
 

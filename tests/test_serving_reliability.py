@@ -72,7 +72,7 @@ def malformed_request(port, i):
     return status
 
 
-def test_load_with_aborts_and_malformed_requests_leaks_nothing(tiny_engine):
+def test_load_with_aborts_and_malformed_requests_leaks_nothing(tiny_engine, capfd):
     with tiny_server(tiny_engine, max_batch=8, max_queue=256) as server:
         port = server.server_port
         with ThreadPoolExecutor(CONCURRENCY) as pool, ThreadPoolExecutor(4) as bad_pool:
@@ -86,6 +86,7 @@ def test_load_with_aborts_and_malformed_requests_leaks_nothing(tiny_engine):
         assert stats["running"] == stats["waiting"] == 0 and stats["failures"] == 0
         assert stats["free_blocks"] == stats["total_blocks"]  # every aborted request gave its back
         assert good_request(port, 0) == "ok"  # and the server still serves
+    assert "Traceback" not in capfd.readouterr().err  # a client that left is a log line at most
 
 
 def test_chunked_prefill_lets_streams_keep_decoding(tiny_engine):

@@ -3,7 +3,7 @@
 Routes: GET /v1/models, POST /v1/completions and /v1/chat/completions (streamed as server-sent
 events or not), GET /health (503 while shutting down), /stats and /metrics, and OPTIONS for a
 browser's CORS preflight. A completion is checked (`api.parse`), handed to the engine thread
-(`Service.loop.submit`) and its tokens are turned into text (`text.TextStream`) as they arrive.
+(`Service.loop.submit`) and its tokens come back as text (`answer.Answer`) as they are made.
 
 Every request ends in one access-log line on the "memwall.serving" logger (INFO): client, method,
 route, status, tokens, seconds. A client that goes away (a failed write, or a closed socket noticed
@@ -15,33 +15,17 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import select
-import socket
 import time
 from http.server import BaseHTTPRequestHandler
 
 from memwall.serving import api, metrics
+from memwall.serving.answer import Answer, ClientGone, EngineStopped, client_gone
 from memwall.serving.engine_loop import QueueFull
-from memwall.serving.text import TextStream
 
 log = logging.getLogger("memwall.serving")
 MAX_BODY_BYTES = 4 * 2**20  # larger bodies get 413 without being read
-POLL_S = 0.2  # how often a waiting handler checks whether its client is still there
 RETRY_AFTER_S = 1
 CLIENT_GONE = (ConnectionError, TimeoutError)  # BrokenPipeError, ConnectionResetError, ...
-
-
-class ClientGone(Exception):
-    pass
-
-
-class EngineStopped(Exception):
-    """The engine ended the request before its last token: it failed, or the server shuts down."""
-
-    def __init__(self, error: api.ApiError):
-        super().__init__(error.message)
-        self.error = error
 
 
 def _printable(text: str, limit: int = 200) -> str:
@@ -70,7 +54,7 @@ def make_handler(service):
 
         def _handle(self, answer):
             self.started_s, self.status, self.gone = time.perf_counter(), None, False
-            self.prompt_tokens = self.completion_tokens = None
+            self.prompt_tokens, self.answer = None, None
             self.origin = self.headers.get("Origin")
             try:
                 try:
@@ -86,8 +70,8 @@ def make_handler(service):
             where = f'{self.client_address[0]} "{self.command} {_printable(self.path)}"'
             tokens = ""
             if self.prompt_tokens is not None:
-                tokens = f" prompt_tokens={self.prompt_tokens}"
-                tokens += f" completion_tokens={self.completion_tokens or 0}"
+                completion = self.answer.completion_tokens if self.answer else 0
+                tokens = f" prompt_tokens={self.prompt_tokens} completion_tokens={completion}"
             seconds = time.perf_counter() - self.started_s
             if self.gone:
                 log.info("%s 499 client disconnected%s %.3fs", where, tokens, seconds)
@@ -147,8 +131,10 @@ def make_handler(service):
             except ValueError as error:
                 raise api.bad(str(error)) from None
             self.prompt_tokens = ticket.prompt_tokens
+            gone = lambda: client_gone(self.connection)  # noqa: E731
+            self.answer = Answer(service, params, ticket, stop_tokens, gone)
             try:
-                (self._stream if params.stream else self._complete)(params, ticket, stop_tokens)
+                (self._stream if params.stream else self._complete)(params, ticket)
             except BaseException:  # the client left, or a bug: give the KV blocks back either way
                 service.loop.abort(ticket.request_id)
                 raise
@@ -172,62 +158,20 @@ def make_handler(service):
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 raise api.bad(f"the request body is not valid JSON: {error}") from None
 
-        def _events(self, ticket):
-            """(token, finish_reason) pairs until the last; ClientGone if the client left first,
-            EngineStopped if the engine ended the request."""
-            while True:
-                try:
-                    event = ticket.events.get(timeout=POLL_S)
-                except queue.Empty:
-                    if self._client_gone():
-                        raise ClientGone from None
-                    continue
-                if event[0] == "error":
-                    raise EngineStopped(api.ApiError(500, f"the engine failed: {event[1]}"))
-                if event[0] == "shutdown":
-                    message = f"{event[1]}: the request was cut short"
-                    raise EngineStopped(api.ApiError(503, message, code="server_shutting_down"))
-                yield event
-                if event[1] is not None:
-                    return
-
-        def _client_gone(self) -> bool:
-            try:
-                readable, _, _ = select.select([self.connection], [], [], 0)
-                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
-
-        def _pieces(self, params, ticket, stop_tokens):
-            """(text piece, finish_reason or None), ending with a finish reason; the tokens made
-            so far are counted in self.completion_tokens."""
-            text, self.completion_tokens = TextStream(service.decode, params.stop), 0
-            for token, reason in self._events(ticket):
-                self.completion_tokens += 1
-                piece = "" if reason == "stop" and token in stop_tokens else text.add(token)
-                if text.stopped:  # a stop string: the engine may stop working on it
-                    service.loop.abort(ticket.request_id, reason="stop")
-                    yield piece, "stop"
-                    return
-                if reason is not None:
-                    yield piece + text.flush(), reason
-                    return
-                yield piece, None
-
         # ---- writing ---------------------------------------------------------------------------
 
-        def _complete(self, params, ticket, stop_tokens):
+        def _complete(self, params, ticket):
             try:
-                pieces = list(self._pieces(params, ticket, stop_tokens))
+                pieces = list(self.answer)
             except EngineStopped as stopped:
                 return self._error(stopped.error)
-            usage = api.usage(ticket.prompt_tokens, self.completion_tokens)
+            usage = api.usage(ticket.prompt_tokens, self.answer.completion_tokens)
             text, reason = "".join(p for p, _ in pieces), pieces[-1][1]
             request_id = api.new_id(params.chat)
             body = api.completion(params.chat, request_id, service.model_name, text, reason, usage)
             self._json(200, body)
 
-        def _stream(self, params, ticket, stop_tokens):
+        def _stream(self, params, ticket):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -237,9 +181,9 @@ def make_handler(service):
             self.end_headers()
             self.close_connection = True
             request_id, model, chat = api.new_id(params.chat), service.model_name, params.chat
-            first, self.completion_tokens = True, 0
+            first = True
             try:
-                for piece, reason in self._pieces(params, ticket, stop_tokens):
+                for piece, reason in self.answer:
                     if piece or reason is None:  # one chunk per token, for clients that time them
                         self._event(api.chunk(chat, request_id, model, piece, first=first))
                         first = False
@@ -248,7 +192,7 @@ def make_handler(service):
             except EngineStopped as stopped:  # the final event says why, then [DONE]
                 self._event(stopped.error.body())
             if params.include_usage:
-                usage = api.usage(ticket.prompt_tokens, self.completion_tokens)
+                usage = api.usage(ticket.prompt_tokens, self.answer.completion_tokens)
                 self._event(api.chunk(chat, request_id, model, token_usage=usage))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
