@@ -153,11 +153,12 @@ def run_serve(args):
         api_key=api_key,
         allowed_origins=origins,
     )
+    shown_host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
     chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
     path = "fast path" if args.fast == "on" else "readable engine"
     print(
         f"memwall serving {args.model} on {device} ({dtype}, {path}) at "
-        f"http://{args.host}:{server.server_port}/v1: batches of up to {args.max_batch}, "
+        f"http://{shown_host}:{server.server_port}/v1: batches of up to {args.max_batch}, "
         f"{args.kv_tokens} KV slots{chunk} (Ctrl-C or SIGTERM to stop)",
         flush=True,
     )

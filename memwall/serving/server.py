@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import sys
 import threading
 from http.server import ThreadingHTTPServer
@@ -101,6 +102,10 @@ class OpenAIServer(ThreadingHTTPServer):
             log.error("%s unexpected error", client_address[0], exc_info=True)
 
 
+class OpenAIServer6(OpenAIServer):
+    address_family = socket.AF_INET6  # for --host ::1 and other IPv6 addresses
+
+
 def start_server(
     engine,
     tokenizer,
@@ -140,7 +145,8 @@ def start_server(
     vocab = engine.embed.num_embeddings
     service = Service(loop, tokenizer, model_name, vocab, access)
     try:
-        server = OpenAIServer((host, port), make_handler(service))
+        server_class = OpenAIServer6 if ":" in host else OpenAIServer
+        server = server_class((host, port), make_handler(service))
     except OSError:
         loop.close()
         raise
