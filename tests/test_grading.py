@@ -318,6 +318,8 @@ def test_notebook_wall_clock_timeout_kills_the_kernel_and_keeps_earlier_points(t
         f"zoe__{CHAPTER}.ipynb",
         answered(ex1=RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=stubborn),
     )
+    if os.geteuid() == 0:
+        pytest.skip("as root the grader refuses to run student code unsandboxed (issue 37)")
     started = time.monotonic()
     # Unsandboxed, so the kernel can write its pid where this test reads it (the sandboxed
     # version of this test is in test_grading_sandbox.py).

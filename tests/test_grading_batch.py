@@ -13,14 +13,24 @@ import pytest
 from memwall.grading import grade
 from memwall.grading.names import MAX_FILE_NAME_BYTES, feedback_file_name, readable
 from memwall.grading.report import OutputLock
+from memwall.grading.sandbox import bwrap_path
 from memwall.grading.submissions import MAX_CELLS
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "grading" / "solutions"
 ESCAPE = "\x1b]0;owned\x07\x1b[2J"
 
 
+def sandbox_here():
+    """Unsandboxed where that is allowed; as root only the sandbox may run student code."""
+    if os.geteuid() != 0:
+        return False
+    if bwrap_path() is None:
+        pytest.skip("as root the grader needs bubblewrap, which cannot run here")
+    return True
+
+
 def grade_quietly(subs, out, feedback, capsys):
-    rows = grade(subs, out, feedback_dir=feedback, solutions_dir=SOLUTIONS, sandbox=False)
+    rows = grade(subs, out, feedback_dir=feedback, solutions_dir=SOLUTIONS, sandbox=sandbox_here())
     return rows, capsys.readouterr()
 
 
@@ -72,9 +82,15 @@ def test_a_second_run_on_the_same_csv_stops_with_a_clear_message(tmp_path):
     out = tmp_path / "grades.csv"
     with OutputLock(out):
         with pytest.raises(ValueError, match="another memwall grade is writing"):
-            grade(tmp_path / "subs", out, solutions_dir=SOLUTIONS, sandbox=False, progress=False)
+            grade(
+                tmp_path / "subs",
+                out,
+                solutions_dir=SOLUTIONS,
+                sandbox=sandbox_here(),
+                progress=False,
+            )
     # Released: the next run goes ahead.
-    assert grade(tmp_path / "subs", out, solutions_dir=SOLUTIONS, sandbox=False,
+    assert grade(tmp_path / "subs", out, solutions_dir=SOLUTIONS, sandbox=sandbox_here(),
                  progress=False) == []  # fmt: skip
 
 
@@ -87,7 +103,7 @@ def test_two_concurrent_runs_lose_no_row(tmp_path):
 
     def run():
         try:
-            grade(subs, out, solutions_dir=SOLUTIONS, sandbox=False, progress=False)
+            grade(subs, out, solutions_dir=SOLUTIONS, sandbox=sandbox_here(), progress=False)
         except ValueError as error:
             errors.append(str(error))
 
@@ -112,3 +128,11 @@ def test_a_notebook_of_too_many_cells_is_refused_before_restore(tmp_path, capsys
     rows, _ = grade_quietly(subs, tmp_path / "g.csv", None, capsys)
     assert rows[0].status.startswith(f"refused: {MAX_CELLS * 50} cells")
     assert rows[0].seconds < 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal is for a grader running as root")
+def test_as_root_the_grader_refuses_to_run_student_code_unsandboxed(tmp_path):
+    (tmp_path / "subs").mkdir()
+    with pytest.raises(ValueError, match="student code would run with root's rights"):
+        grade(tmp_path / "subs", tmp_path / "g.csv", solutions_dir=SOLUTIONS, sandbox=False,
+              progress=False)  # fmt: skip

@@ -4,16 +4,18 @@ Each function is reduced to a fingerprint: its syntax tree without docstrings, w
 variable and argument renamed by order of first use (``a``, ``b``... become ``v0``, ``v1``...)
 and the function's own name dropped. Attribute names, constants and the shape of the code stay.
 A student function whose fingerprint equals one of the key's (its ``reference_*`` functions and
-the solution bodies) is flagged. Short functions are skipped: a one-line formula is what every
-right answer looks like, so matching it proves nothing.
+the solution bodies) is flagged. Short functions (under five statements) are skipped: a formula is what every right answer
+looks like, so matching it proves nothing.
 """
 
 import ast
 import hashlib
 from pathlib import Path
 
-# Syntax-tree nodes below which a function is too short to tell copying from knowing the answer.
+# Below these a function is too short to tell copying from knowing the answer: a formula of
+# one or two lines is what every right answer looks like, however many terms it has.
 MIN_NODES = 45
+MIN_STATEMENTS = 5
 
 
 def fingerprints(source: str) -> dict:
@@ -80,7 +82,9 @@ def _fingerprint(function):
     renamer = _Renamer()
     arguments = renamer.visit(function.args)
     module = ast.Module(body=[renamer.visit(statement) for statement in body], type_ignores=[])
-    if sum(1 for _ in ast.walk(module)) < MIN_NODES:
+    nodes = list(ast.walk(module))
+    statements = sum(isinstance(node, ast.stmt) for node in nodes)
+    if len(nodes) < MIN_NODES or statements < MIN_STATEMENTS:
         return None
     text = ast.dump(arguments) + ast.dump(module)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -29,9 +29,17 @@ from pathlib import Path
 
 import nbformat
 
+from memwall.grading.bounds import mount_scratch_quota, unmount_scratch, warn_once
 from memwall.grading.cells import code_cells
 from memwall.grading.safe_files import UnsafeFile, read_regular
-from memwall.grading.sandbox import INSIDE_CHANNEL, INSIDE_SCRATCH, Limits, Sandbox, environment
+from memwall.grading.sandbox import (
+    INSIDE_CHANNEL,
+    INSIDE_SCRATCH,
+    Limits,
+    Sandbox,
+    environment,
+    hand_to_sandbox_user,
+)
 
 KERNEL_DEAD = "Kernel dead on test start"
 CELL_TIMEOUT_PREFIX = "Timeout of"
@@ -142,9 +150,16 @@ def run_notebook_once(nb, cell_timeout, wall_timeout, threads=None, setup=None) 
                 nb, cell_timeout, wall_timeout, threads, Setup(Path(work_dir), threads=threads)
             )
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=setup.work_dir))
+    # A tmpfs of fixed size and inode count where the grader is root: a notebook cannot fill
+    # the host's disk or its inodes.
+    quota = mount_scratch_quota(scratch, setup.limits.scratch_bytes, setup.limits.scratch_inodes)
+    if not quota:
+        warn_once(["the scratch folder's size and inodes (needs root)"])
     try:
         _run_in(scratch, nb, cell_timeout, wall_timeout, setup, result)
     finally:
+        if quota:
+            unmount_scratch(scratch)
         shutil.rmtree(scratch, ignore_errors=True)
     return result
 
@@ -164,6 +179,7 @@ def _run_in(scratch, nb, cell_timeout, wall_timeout, setup, result):
     # An empty config file makes the scratch folder pytest's rootdir, away from any project's.
     (scratch / "pytest.ini").write_text("[pytest]\n")
     os.chmod(scratch, 0o755)
+    hand_to_sandbox_user(scratch)  # when the grader is root, student code runs as nobody
     command = [
         sys.executable, "-m", "pytest", str(inside / "submission.ipynb"),
         "-p", "nbval.plugin", "-p", "memwall.exercise_driver.recorder", "-p", "no:cacheprovider",
@@ -174,7 +190,7 @@ def _run_in(scratch, nb, cell_timeout, wall_timeout, setup, result):
     if sandboxed:
         command = setup.sandbox.command(command, scratch, setup.channel_dir)
     else:
-        limits = Sandbox(setup.work_dir, setup.limits)
+        limits = Sandbox(setup.work_dir, setup.limits, cpus=setup.threads)
         command = limits.unsandboxed(command)
     env = environment(
         setup.threads, inside / "home", inside / "tmp" if not sandboxed else "/tmp", channel,

@@ -256,6 +256,7 @@ def _grade_into(row, submission, solutions, options, deadline):
 def run_with_channel(notebook, checks, options, wall_timeout):
     """Run the notebook (sandboxed if asked) while the grader judges its checks: (run, verdicts)."""
     work_dir = Path(tempfile.mkdtemp(prefix="memwall-grade-"))
+    os.chmod(work_dir, 0o711)  # the sandbox's unprivileged user passes through, lists nothing
     sandbox = None
     try:
         setup = Setup(work_dir, threads=options.threads, limits=options.limits)
@@ -263,7 +264,9 @@ def run_with_channel(notebook, checks, options, wall_timeout):
             setup.call_limit = options.call_timeout + 1  # the grader gives up first
         setup.channel_dir.mkdir(mode=0o755)
         if options.sandbox:
-            sandbox = setup.sandbox = Sandbox(work_dir, options.limits, options.read_only_paths)
+            sandbox = setup.sandbox = Sandbox(
+                work_dir, options.limits, options.read_only_paths, cpus=options.threads
+            )
         with GraderChannel(setup.socket_path, checks, options.call_timeout) as channel:
             run = run_notebook(notebook, options.cell_timeout, wall_timeout, options.threads, setup)
         return run, dict(channel.verdicts)

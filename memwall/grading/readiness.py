@@ -5,6 +5,7 @@ and the sandbox, when used, must be able to import what a graded notebook needs.
 bubblewrap the grader says plainly that it runs unsandboxed.
 """
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -53,14 +54,25 @@ def resolve_sandbox(sandbox, limits=Limits(), read_only_paths=()) -> bool:
     return use
 
 
+def _refuse_root_without_sandbox(why: str):
+    """Student code never runs with root's rights: only the sandbox can drop them for it."""
+    if os.geteuid() == 0:
+        raise ValueError(
+            f"{why} memwall grade runs as root: student code would run with root's rights. "
+            "Grade as an ordinary user, or with the sandbox"
+        )
+
+
 def _wanted_sandbox(sandbox) -> bool:
     if sandbox not in ("auto", True, False):
         raise ValueError(f"sandbox must be 'auto', True or False, got {sandbox!r}")
     if sandbox is False:
+        _refuse_root_without_sandbox("--no-sandbox")
         print("warning: --no-sandbox: notebooks run UNSANDBOXED", file=sys.stderr)
         return False
     if bwrap_path() is not None:
         return True
+    _refuse_root_without_sandbox("bubblewrap (bwrap) is missing or cannot run here, and")
     if sandbox is True:
         raise ValueError(
             "the sandbox needs bubblewrap (bwrap), which is missing or cannot run here"

@@ -12,8 +12,11 @@
   simply not there;
 - the scratch folder (a copy of this one notebook) as the only writable place, holding the
   private ``$HOME`` and ``/tmp``; the grader's socket folder read-only;
-- limits on address space, file size, open files and core size (``prlimit``), and on the number
-  of processes (a pids cgroup when the grader may create one, else RLIMIT_NPROC).
+- an unprivileged host user (HOST_UID) when the grader runs as root, so that what the
+  sandbox can read is what any user may read: never /etc/shadow or root's files;
+- limits on address space, file size, open files and core size (``prlimit``); the run as a
+  whole in cgroups for memory (tmpfs included), processes and its CPU share where the grader
+  may make them (``bounds.py``; else RLIMIT_NPROC and a warning); ``/dev/shm`` a small tmpfs.
 
 The environment is a short whitelist (``environment``); nothing of the instructor's passes.
 The student's processes make themselves non-dumpable (exercise_driver.driver.harden).
@@ -24,20 +27,27 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import memwall
+from memwall.grading.bounds import join_command, make_cgroups, remove_cgroups, warn_once
 
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 CPU_INFO = "/sys/devices/system/cpu"
 INSIDE_SCRATCH = "/scratch"
 INSIDE_CHANNEL = "/grader"
 SANDBOX_UID = 65534
+# The host user that student code runs as when the grader is root: a user namespace's uid maps
+# back to the real uid outside, so bwrap's "nobody" alone would still read root's files.
+HOST_UID = HOST_GID = 65534
+ROOT_UNSHARE = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try")  # fmt: skip
+BECOME_NOBODY = (
+    "/usr/bin/setpriv", f"--reuid={HOST_UID}", f"--regid={HOST_GID}", "--clear-groups",
+    "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+)  # fmt: skip
 GRADING_STUB = 'raise ImportError("memwall.grading is not available inside the grading sandbox")\n'
-PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,10 @@ class Limits:
     file_bytes: int = 256 * 2**20
     processes: int = 256
     open_files: int = 1024
+    # The scratch folder (home, /tmp, the working folder) where the grader may mount a tmpfs.
+    scratch_bytes: int = 1 * 2**30
+    scratch_inodes: int = 20_000
+    shm_bytes: int = 64 * 2**20
 
 
 @functools.cache
@@ -97,18 +111,25 @@ def environment(threads, home, tmp, channel_path, call_limit=None) -> dict:
 class Sandbox:
     """bwrap around one notebook run; ``close()`` removes its cgroup."""
 
-    def __init__(self, work_dir: Path, limits: Limits = Limits(), read_only_paths=()):
+    def __init__(self, work_dir: Path, limits: Limits = Limits(), read_only_paths=(), cpus=None):
         self.limits, self.read_only_paths = limits, tuple(str(p) for p in read_only_paths)
         self.stub = Path(work_dir) / "grading_stub.py"
         self.stub.write_text(GRADING_STUB)
-        self.cgroup = _make_pids_cgroup(limits.processes)
+        self.cgroups, self.missing = make_cgroups(limits, cpus)
+        warn_once(self.missing)
 
     def command(self, inner: list, scratch: Path, channel_dir: Path) -> list:
         bwrap = bwrap_path()
         if bwrap is None:
             raise RuntimeError("bwrap is not available")
-        args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-        args += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+        if os.geteuid() == 0:
+            # No user namespace: its uid would map back to host root, whose files it could then
+            # read. bwrap mounts as root; the first thing inside becomes the host's nobody.
+            args = [bwrap, *ROOT_UNSHARE, "--die-with-parent", "--new-session"]
+            inner = [*BECOME_NOBODY, *inner]
+        else:
+            args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+            args += ["--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         for path in SYSTEM_PATHS:
             args += ["--ro-bind-try", path, path]
         # The private /tmp first: a venv or checkout that lives under /tmp (as in a CI clone)
@@ -117,13 +138,18 @@ class Sandbox:
         for path in _python_paths() + list(self.read_only_paths):
             args += ["--ro-bind-try", path, path]
         package = str(package_dir())
-        args += ["--ro-bind", package, package, "--tmpfs", f"{package}/grading"]
+        # memwall.grading is hidden by a small tmpfs, made read-only once the stub is in it.
+        args += ["--ro-bind", package, package, "--size", "65536", "--tmpfs", f"{package}/grading"]
         args += ["--ro-bind", str(self.stub), f"{package}/grading/__init__.py"]
+        args += ["--remount-ro", f"{package}/grading"]
         args += ["--ro-bind-try", CPU_INFO, CPU_INFO, "--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(self.limits.shm_bytes), "--tmpfs", "/dev/shm"]
         for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU, for chapters that use one
             args += ["--dev-bind-try", str(device), str(device)]
         args += ["--bind", str(scratch), INSIDE_SCRATCH]
         args += ["--ro-bind", str(channel_dir), INSIDE_CHANNEL, "--chdir", INSIDE_SCRATCH]
+        if os.geteuid() == 0:
+            args = _with_open_parents(args)
         return self._limited(args + ["--", *inner])
 
     def unsandboxed(self, inner: list) -> list:
@@ -136,26 +162,16 @@ class Sandbox:
             "prlimit", f"--as={limits.memory_bytes}", f"--fsize={limits.file_bytes}",
             f"--nofile={limits.open_files}", "--core=0",
         ]  # fmt: skip
-        if self.cgroup is None and os.geteuid() != 0:
-            prlimit.append(f"--nproc={_own_process_count() + limits.processes}")
+        if "processes" in self.missing:
+            uid = HOST_UID if os.geteuid() == 0 else os.getuid()
+            prlimit.append(f"--nproc={_process_count(uid) + limits.processes}")
         if shutil.which("prlimit") is None:
             prlimit = []
         command = prlimit + ["--", *command] if prlimit else command
-        if self.cgroup is not None:
-            # Join the cgroup first, so no process of the notebook escapes the count.
-            join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-            command = ["/bin/sh", "-c", join, str(self.cgroup), *command]
-        return command
+        return join_command(self.cgroups, command)
 
     def close(self):
-        # The last processes of a PID namespace can take a moment to be reaped after it ends.
-        for _ in range(50):
-            if self.cgroup is None or not self.cgroup.exists():
-                return
-            try:
-                self.cgroup.rmdir()
-            except OSError:
-                time.sleep(0.05)
+        remove_cgroups(self.cgroups)
 
 
 PREFLIGHT = (
@@ -169,6 +185,8 @@ def preflight(work_dir: Path, limits: Limits = Limits(), read_only_paths=()):
     scratch, channel = Path(work_dir) / "preflight", Path(work_dir) / "preflight-channel"
     for folder in (scratch / "tmp", scratch / "home", channel):
         folder.mkdir(parents=True)
+    os.chmod(work_dir, 0o711)
+    hand_to_sandbox_user(scratch)
     command = sandbox.command([sys.executable, "-c", PREFLIGHT], scratch, channel)
     env = environment(1, f"{INSIDE_SCRATCH}/home", "/tmp", f"{INSIDE_CHANNEL}/none")
     try:
@@ -186,26 +204,34 @@ def _python_paths() -> list:
     return sorted(str(Path(p).resolve()) for p in paths) + sorted(paths)
 
 
-def _make_pids_cgroup(limit):
-    """A fresh pids cgroup with ``pids.max = limit`` where this process may make one, else None."""
-    for root in map(Path, PIDS_CGROUP_ROOTS):
-        if not (root / "cgroup.procs").exists():
-            continue
-        group = root / f"memwall-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            group.mkdir()
-        except OSError:
-            continue
-        try:
-            (group / "pids.max").write_text(str(limit))
-            return group
-        except OSError:
-            group.rmdir()
-    return None
+BIND_OPTIONS = ("--bind", "--ro-bind", "--ro-bind-try", "--dev-bind-try")
 
 
-def _own_process_count() -> int:
-    uid = os.getuid()
+def _with_open_parents(args: list) -> list:
+    """``args`` with each mount point's parents made 0755 first: bwrap running as root makes
+    them 0700, which the sandbox's nobody could not pass through."""
+    parents = []
+    for index, option in enumerate(args[:-2]):
+        if option in BIND_OPTIONS:
+            for parent in reversed(Path(args[index + 2]).parents):
+                if str(parent) != "/" and str(parent) not in parents:
+                    parents.append(str(parent))
+    opened = [item for parent in parents for item in ("--perms", "0755", "--dir", parent)]
+    return args[:1] + opened + args[1:]
+
+
+def hand_to_sandbox_user(*paths):
+    """Make the run's own folders the unprivileged user's, when the grader is root."""
+    if os.geteuid() != 0:
+        return
+    for path in paths:
+        os.chown(path, HOST_UID, HOST_GID)
+        for folder, folders, files in os.walk(path):
+            for name in folders + files:
+                os.chown(os.path.join(folder, name), HOST_UID, HOST_GID, follow_symlinks=False)
+
+
+def _process_count(uid) -> int:
     count = 0
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
