@@ -60,8 +60,8 @@ def _ratios(runs: dict, usual: str, rounds: int, times: dict) -> dict[str, float
     """Adds `rounds` rounds of samples of each path to `times`, then gives each path's median
     ratio of its time to the fixed rule's path `usual` (its median time if `usual` is not a
     candidate). Each ratio compares samples of one round: the rounds alternate the paths, so a
-    change of the machine's bandwidth between rounds (this VM's jumps by 1.7x) cancels out, where
-    the fastest of each path's samples could come from different phases."""
+    change of the machine's bandwidth between rounds (a shared VM's can jump between phases)
+    cancels out, where the fastest of each path's samples could come from different phases."""
     for _ in range(rounds):
         for path, run in runs.items():
             times[path].append(_seconds(run))
@@ -111,8 +111,8 @@ def copy_of(layer):
 
 # A layer so small that it needs more copies than this (under 64 KiB with a 32 MiB cache) reads
 # its weights in about a microsecond, less than a Python call costs, so where they come from
-# hardly moves its samples. Without the cap such layers (tests' toy models) took 4-30 s each to
-# calibrate on a 2-core Zen 3, mostly in Python calls: 21 minutes for the test suite's shapes.
+# hardly moves its samples. Without the cap such layers (tests' toy models) needed thousands of
+# copies, and calibration spent its time in Python calls rather than in the layer.
 MAX_COPIES = 1024
 
 
@@ -131,8 +131,8 @@ def _weight_bytes(layer) -> int:
 # A sample reads its weights from memory so that memory's time is in it. A call that runs slower
 # from cache than its weights would stream from even a slow memory spends its time in arithmetic
 # (many rows: prefill), and copies that overflow the caches barely move it; the copies that fill
-# as long a sample as a memory-bound layer's are enough. (With every copy, SmolLM2's int4 layers
-# at 256 rows took 13-16 s each to time on a 2-core Zen 3.)
+# as long a sample as a memory-bound layer's are enough. (With every copy, arithmetic-bound layers
+# took seconds each to time, and first-use calibration minutes.)
 SLOW_MEMORY = 2e9  # bytes/s, below any machine's memory bandwidth
 
 

@@ -23,9 +23,9 @@
 
 /* How far ahead the int8 decode tiles ask for codes. They used to ask one tile ahead, as the
  * fp32 tiles do (9 KB and more for SmolLM2's shapes), but 4 rows of int8 codes are 2.3 KB at 576
- * inputs: that close, a line is asked for less than memory's latency before it is needed. With
- * 8 KiB the int8 fast step took 0.79-0.98x the time at batch 1 and 0.94-0.95x at 4 (whole step,
- * interleaved, on a 2-core Zen 5; the AVX2 build 0.88x at batch 1); 16 KiB was no better. */
+ * inputs: that close, a line is asked for less than memory's latency before it is needed. 8 KiB
+ * ahead covers that latency, and the int8 step got faster with it (AVX-512 and AVX2 builds alike);
+ * 16 KiB was no better. */
 #define PREFETCH_AHEAD_BYTES 8192
 
 /* The whole tiles of `tile_bytes` that cover PREFETCH_AHEAD_BYTES (at least one). */
@@ -73,19 +73,18 @@ void fp32_linear(const float *x, const float *w, float *y, long rows, long in, l
  * The row-major 4x4 tile above computes and waits for memory by turns once it has 8 rows or more
  * (its time was close to the sum of the weight stream and its arithmetic, each timed alone). Here
  * every k asks for the panel's lines PANEL_AHEAD_FLOATS ahead, an even trickle far enough ahead
- * for memory's latency: over SmolLM2's 121 matrices from memory (2 threads, 2-core Zen 5) this
- * took 0.62-0.74x the 4x4 tile's time at 16 rows and 0.71-0.86x at 8, about the time of a bare
- * read at 8 rows; 8 and 32 KiB ahead did about as well, 2 and 4 KiB less well at 16 rows. */
+ * for memory's latency, so the loads overlap the arithmetic instead of alternating with it: at 8
+ * rows this comes close to a bare read of the weights. Much nearer (2-4 KiB) is too close for the
+ * latency; 8 to 32 KiB do about equally well. */
 #define PANEL 32
 #define PANEL_AHEAD_FLOATS 4096 /* 16 KiB */
 
 /* Passes over K_BLOCK inputs at a time: a pass covers rows of the tile's height, and 8 KiB of the
  * panel stays in L1 for the next pass over the same inputs, the sums waiting in `acc` between
  * blocks. Made over whole panels (72-192 KiB for SmolLM2), the passes after the first read them
- * from L2: with AVX2's 3-row tiles the whole fast step took 1.15-1.3x the row-major tile's time
- * at 8 and 16 rows on a Zen 3, and blocks of 64 inputs 0.71-0.78x the whole-panel passes (32
- * did as well, 128 worse); with AVX-512's 12 + 4 rows at 16, 0.94-0.97x on a Zen 5. Each
- * output's sum still runs over k in order, so a row gets the same bits at any batch size. */
+ * from L2, which costs most where a tile covers few rows (AVX2's 3) and so many passes are made;
+ * blocks of 32 or 64 inputs keep them in L1 (128 is too many). Each output's sum still runs over
+ * k in order, so a row gets the same bits at any batch size. */
 #define K_BLOCK 64
 #define ROWS_AT_ONCE 64 /* acc's rows: 8 KiB on the stack */
 
@@ -300,12 +299,11 @@ static int int4_prepare(const float *x, long rows, long in, long group, float **
  * activation is broadcast, and a group's (scale, offset) are applied once to B lanes of sums, not
  * once per row with a horizontal sum. The loops below are plain C over lanes, for the portable
  * build; the AVX2 and AVX-512 files have their own with intrinsics, because GCC kept this tile's
- * sums in memory (a store per weight vector: 6x slower on a 2-core Zen 3). */
+ * sums in memory (a store per weight vector, several times slower than sums in registers). */
 
 /* Asks for the (scale, offset) pairs of group g for the next block of `block` rows: block * 4
  * bytes in a row, but each group's lie out * 4 bytes from the last, too scattered for the
- * hardware prefetcher to follow. On a 2-core Zen 5 the int4 fast step took 0.75-0.94x the time
- * at batch 1 with it (whole step, both orders). */
+ * hardware prefetcher to follow; asked for in time, they no longer stall the next block. */
 static inline void prefetch_next_scales(const uint16_t *scale_zero, long g, long out, long o,
                                         long block) {
     const char *next = (const char *)(scale_zero + (g * out + o + block) * 2);
@@ -367,9 +365,8 @@ static inline __attribute__((always_inline)) void int4_blocked_tile(
 /* x [rows, in] against codes in PyTorch's layout with blocks of `block` (32 or 64) rows; `out` a
  * multiple of `block`, `in` of `group`. Returns 0, or -1 if out of memory.
  * The block size is a constant inside the OpenMP loop. In a function called with 32 and with 64,
- * GCC outlines one OpenMP body for both, with the size a run-time value in the tile: the int4
- * fast step then took 1.36-1.39x the time at batch 1 on a Zen 3 (AVX2), and 1.5-1.9x at 2 to 16
- * rows on a Zen 5 (AVX-512). */
+ * GCC outlines one OpenMP body for both, with the size a run-time value in the tile, whose sums
+ * then no longer stay in registers: the int4 step was much slower, most of all at 2 to 16 rows. */
 int int4_blocked_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                         long rows, long in, long out, long group, long block, int threads) {
     float *x_sums = group_sums(x, rows, in, group);
@@ -447,8 +444,8 @@ static inline uint16_t float_to_bf16(float value) {
 }
 
 /* y [rows, out] = x [rows, in] @ w [out, in]^T, all bf16; x widened to fp32 once, four output
- * rows to an OpenMP iteration (one to an iteration took 1.1x the time in 3 of 4 alternating runs
- * on a Zen 5). Returns 0, or -1 if out of memory. */
+ * rows to an OpenMP iteration (one to an iteration was slower in most runs). Returns 0, or -1 if
+ * out of memory. */
 int bf16_linear(const uint16_t *x, const uint16_t *w, uint16_t *y, long rows, long in, long out,
                 int threads) {
     float *xf = malloc(sizeof(float) * rows * in);

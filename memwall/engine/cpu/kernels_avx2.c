@@ -68,11 +68,9 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
 /* One weight row at a time against `nr` (1 to 4) activation rows, for small decode batches: the
  * weights are read as one sequential stream, with a prefetch per cache line two rows ahead, as in
  * kernels_avx512.c's fp32_stream_tile. `sum4` reduces each row's vector in the order fp32_tile
- * does, so a row gets the same bits whichever tile made it. The whole fast decode step against
- * the 2-row tile before it, step by step in one process, both orders (this variant on a 2-core
- * Zen 5; not yet timed on an AVX2-only CPU), four runs: 0.86-0.95x the time at 1 row, 0.93-0.98x
- * at 2, and 0.93-0.97x at 4 in three runs (1.02x in the fourth). That 2-row tile had been 0.92x of
- * the 4x3 tile at 1 row. */
+ * does, so a row gets the same bits whichever tile made it. One weight row at a time makes the
+ * steadiest stream, and at 1 to 4 activation rows the step is bound by that stream, so this tile
+ * replaced a 2-row tile (which had itself replaced the 4x3 tile for these rows). */
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
                                                                    const int nr) {
@@ -283,8 +281,7 @@ int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zer
  * a group's sums each in registers; the group's scales and offsets then go into totals kept in
  * memory, once per group. Each sum runs over k in order, so a row gets the same bits alone and
  * beside another. (common.h's plain-C tile, which this replaces here, kept its sums in memory
- * too: GCC stored them at every k, and the int4 fast step took 68 ms at batch 1 on a 2-core Zen
- * 3, against 25 ms with PyTorch's kernel.) */
+ * too: GCC stored them at every k, which made it several times slower than PyTorch's kernel.) */
 static inline __attribute__((always_inline)) void int4_blocked_tile(
     const float *x, const float *x_sums, const uint8_t *bytes, const uint16_t *scale_zero, float *y,
     long in, long out, long o, long group, const int B, const int nr) {

@@ -67,11 +67,10 @@ static inline __attribute__((always_inline)) void fp32_tile(const float *x, cons
  * rows of x, so that the weights are read as one sequential stream, with a steady trickle of
  * prefetches (each iteration asks for the cache line two weight rows ahead). The sums are reduced
  * with `sum4` in the 4x4 tile's order, so a row gets the same bits whichever tile made it.
- * Measured on a 2-core Zen 5 VM, the whole fast decode step, step by step in one process, both
- * orders: one pass over 4 weight rows beat the 4x4 tile's passes (13.8 against 14.9 ms at 4
- * rows), 2 rows beat 4 (0.93x at 1 row), and 1 beats 2 (0.91-0.96x at 1, 2 and 4 rows). Against
- * the 4x4 tile, one weight row at a time was 0.97x at 6 rows but 1.15-1.18x at 8 (and 2 x 12 or
- * 4 x 6 tiles were no better), so 5 rows and more keep the 4x4 tile. */
+ * Fewer weight rows at a time make a steadier stream, and at 1 to 4 activation rows the step is
+ * bound by that stream, so one weight row beats 2, and 2 beat 4. With more activation rows the
+ * arithmetic per weight grows and the 4x4 tile's reuse of each loaded weight across rows catches
+ * up (about even at 6 rows, ahead at 8), so 5 rows and more keep the 4x4 tile. */
 #define STREAM_MAX_ROWS 4
 static inline __attribute__((always_inline)) void fp32_stream_tile(const float *x, const float *w,
                                                                    float *y, long in, long y_stride,
@@ -227,8 +226,8 @@ void int8_linear(const float *x, const int8_t *codes, const uint16_t *scales, fl
 /* One row of int8 codes against `nr` (1 to 4) activation rows, for int8_row_linear. The codes
  * are read as one sequential stream, asked for PREFETCH_AHEAD_BYTES ahead, and each 16 become
  * floats once for all nr rows. A row's sum would be one chain of dependent multiply-adds, 16
- * codes per FMA latency, slower than memory on a 2-core Zen 5; so each activation row keeps
- * INT8_CHAINS sums that take turns over successive 16 codes. */
+ * codes per FMA latency, which can be slower than memory delivers them; so each activation row
+ * keeps INT8_CHAINS sums that take turns over successive 16 codes. */
 #define INT8_CHAINS 4
 static inline __attribute__((always_inline)) void int8_row(const float *x, const int8_t *w,
                                                            float scale, float *y, long in,
