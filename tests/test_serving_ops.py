@@ -300,6 +300,9 @@ def test_sigterm_during_eight_streams_ends_each_with_a_final_event_and_exits_0()
     assert all(2 <= n < 200 and body["code"] == "server_shutting_down" for n, body in results)
     errors = process.stderr.read()
     assert "SIGTERM: shutting down" in errors and "Traceback" not in errors
+    assert (
+        errors.count("200 prompt_tokens=") == errors.count("cut short (server_shutting_down)") == 8
+    )
 
 
 # ---- the fast path and the command's checks ----------------------------------------------------

@@ -54,7 +54,7 @@ def make_handler(service):
 
         def _handle(self, answer):
             self.started_s, self.status, self.gone = time.perf_counter(), None, False
-            self.prompt_tokens, self.answer = None, None
+            self.prompt_tokens, self.answer, self.note = None, None, ""
             self.origin = self.headers.get("Origin")
             try:
                 try:
@@ -76,7 +76,7 @@ def make_handler(service):
             if self.gone:
                 log.info("%s 499 client disconnected%s %.3fs", where, tokens, seconds)
             else:
-                log.info("%s %s%s %.3fs", where, self.status, tokens, seconds)
+                log.info("%s %s%s%s %.3fs", where, self.status, tokens, self.note, seconds)
 
         # ---- routes ----------------------------------------------------------------------------
 
@@ -190,6 +190,7 @@ def make_handler(service):
                     if reason is not None:
                         self._event(api.chunk(chat, request_id, model, finish_reason=reason))
             except EngineStopped as stopped:  # the final event says why, then [DONE]
+                self.note = f" cut short ({stopped.error.code or stopped.error.status})"
                 self._event(stopped.error.body())
             if params.include_usage:
                 usage = api.usage(ticket.prompt_tokens, self.answer.completion_tokens)
