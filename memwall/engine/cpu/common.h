@@ -1,6 +1,6 @@
 /* The parts of memwall's CPU kernels that every instruction-set variant shares.
  *
- * Each variant (cpu_kernels.c for AVX2, kernels_avx512.c, kernels_portable.c) defines
+ * Each variant (kernels_avx2.c for AVX2, kernels_avx512.c, kernels_portable.c) defines
  *     static void fp32_block(const float *x, const float *w, float *y,
  *                            long rows, long in, long y_stride, long n_out);
  * which sets y[r * y_stride + k] = sum_i w[k * in + i] * x[r * in + i] for r < rows and
@@ -64,7 +64,7 @@ void fp32_linear(const float *x, const float *w, float *y, long rows, long in, l
 }
 
 /* ---- fp32 weights packed in panels (the "packed" path) -----------------------------------------
- * W [out, in] stored as panels of PANEL output rows, each [in][PANEL] (cpu_kernels.pack_panels;
+ * W [out, in] stored as panels of PANEL output rows, each [in][PANEL] (kernels.pack_panels;
  * the last panel padded with zero rows). For each input k a panel's weights lie side by side, so
  * a thread reads its panels as one sequential stream, and the tile is an outer product: x[r][k]
  * broadcast times the panel's weights at k, added into PANEL sums per activation row. Nothing is

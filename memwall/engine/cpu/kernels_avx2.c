@@ -3,10 +3,10 @@
  * y[r, o] = sum_i W[o, i] * x[r, i] for a few activation rows r (decode: one row per sequence).
  * Each thread takes a slab of output rows and streams its share of the weights once; the
  * activations stay in fp32 and in cache. Packed weights are turned back into floats in
- * registers, never in memory. Built and loaded by cpu_kernels.py (cpu/build.py); linear.py and
- * quant.py fall back to PyTorch where this cannot be built. Beside it: cpu/kernels_avx512.c for
- * CPUs with AVX-512 and cpu/kernels_portable.c (no intrinsics) for any other CPU; what all three
- * share is in cpu/common.h.
+ * registers, never in memory. Built by build.py and loaded by kernels.py; the CPU twins
+ * (linears.py) use PyTorch's paths where this cannot be built. Beside it: kernels_avx512.c for
+ * CPUs with AVX-512 and kernels_portable.c (no intrinsics) for any other CPU; what all three
+ * share is in common.h.
  *
  * Scales are bf16: the top 16 bits of an fp32, so a shift turns one back into a float.
  */

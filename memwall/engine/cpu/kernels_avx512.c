@@ -1,5 +1,5 @@
 /* memwall's CPU kernels for x86 CPUs with AVX-512 (F, BW, VL, DQ): the AVX2 kernels of
- * ../cpu_kernels.c with 16 floats per register, twice the registers, and masked loads for
+ * kernels_avx2.c with 16 floats per register, twice the registers, and masked loads for
  * widths that are not a multiple of 16.
  *
  * The int8/int4 kernels still turn the codes into floats and multiply fp32 activations. VNNI's
@@ -274,7 +274,7 @@ void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales
 }
 
 /* W ~ (q - 8) * s + z per group of `group` inputs (a multiple of 32); packed [out, in / 2] as
- * quant.pack_int4 writes it; scale_zero [in / group, out, 2] bf16. As in ../cpu_kernels.c, a group
+ * quant.pack_int4 writes it; scale_zero [in / group, out, 2] bf16. As in kernels_avx2.c, a group
  * adds s * sum(q x) + (z - 8 s) * sum(x). Two running totals (even and odd groups) so that one
  * group's multiply-add need not wait for the previous one's. Returns 0, or -1 if out of memory. */
 int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,

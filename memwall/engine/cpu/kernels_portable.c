@@ -1,6 +1,6 @@
 /* memwall's CPU kernels in plain C, for any CPU (ARM, Apple Silicon, x86 without AVX2).
  *
- * The same products as ../cpu_kernels.c without intrinsics. Each sum is kept in LANES separate
+ * The same products as kernels_avx2.c without intrinsics. Each sum is kept in LANES separate
  * partial sums, one per position modulo LANES: the compiler can turn those loops into vector
  * instructions (NEON, SSE) without reordering any single sum, so the results stay deterministic.
  */
@@ -57,7 +57,7 @@ void int8_row_linear(const float *x, const int8_t *codes, const uint16_t *scales
     int8_linear(x, codes, scales, y, rows, in, out, threads);
 }
 
-/* See ../cpu_kernels.c for the layout and the per-group algebra. x_split puts, per 32 inputs, the
+/* See kernels_avx2.c for the layout and the per-group algebra. x_split puts, per 32 inputs, the
  * 16 even-indexed values first, so the low nibbles of 16 bytes meet 16 consecutive floats. */
 int int4_linear(const float *x, const uint8_t *packed, const uint16_t *scale_zero, float *y,
                 long rows, long in, long out, long group, int threads) {
