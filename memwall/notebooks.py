@@ -137,7 +137,8 @@ def widget_curves(key, solution, student) -> dict:
     """Record the reference curves of a solution's widgets (widgets/recorded.py) and point the
     student copy's widget cells at them; relative path -> JSON text."""
     from memwall.grading.answer_key import use_key
-    from memwall.widgets.recorded import CURVES_DIR, record_curves, student_widget_source
+    from memwall.widgets.recorded import CURVES_DIR
+    from memwall.widgets.recording import record_curves, student_widget_source
 
     if not any("key_module" in cell.source for cell in solution.cells):
         return {}

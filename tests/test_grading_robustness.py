@@ -22,7 +22,7 @@ from memwall.grading.registry import get_check
 from memwall.grading.report import ReportWriter, safe_cell, write_csv
 from memwall.grading.safe_files import UnsafeFile, read_regular, write_atomically
 from memwall.grading.sandbox import bwrap_path
-from memwall.grading.serving import UNCONVERTIBLE, serve_source
+from memwall.grading.serve_cells import UNCONVERTIBLE, serve_source
 from memwall.grading.submissions import REFUSED_LINK, find_submissions
 from memwall.grading.tampering import tampering_flags
 

@@ -6,14 +6,14 @@ spec* instead (``values.build_spec("fake_clock_workload", step_times_s=[...])``)
 that calls the function, the student's kernel or the check itself, builds it here. Both sides
 run this same code, so the reference sees the same object the student's function sees.
 
-Add a builder with ``@builder("name")`` in a module of this package (no answers in it: the
-student can read it) and list that module in ``BUILDER_MODULES`` so it is imported on demand.
+Add a builder with ``@builder("name")`` in a module with no answers in it (the student can
+read it; ``memwall.fakeclock`` holds the fake clocks) and list that module in ``BUILDER_MODULES`` so it is imported on demand.
 """
 
 import importlib
 
 # Modules that register builders when imported (a missing one is skipped).
-BUILDER_MODULES = ("memwall.exercise_driver.fake_clock",)
+BUILDER_MODULES = ("memwall.fakeclock",)
 
 _BUILDERS = {}
 

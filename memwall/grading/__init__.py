@@ -76,7 +76,7 @@ Grading
 ``grade(submissions_dir, out_csv, feedback_dir=None, timeout=900, cell_timeout=300, jobs=1,
 solutions_dir="solutions", sandbox="auto", call_timeout=None)`` (the `memwall grade` command)
 rebuilds each submission on its solution's skeleton (``restore.py``), turns each check cell into
-``serve(name, answer)`` (``serving.py``, ``memwall.exercise_driver.driver``) and runs the
+``serve(name, answer)`` (``serve_cells.py``, ``memwall.exercise_driver.driver``) and runs the
 notebook under ``pytest --nbval-lax`` in a bubblewrap sandbox (``execute.py``, ``sandbox.py``)
 that has neither ``memwall.grading`` nor ``solutions/``. Points are decided outside the
 student's process: for each served check the grader draws the hidden cases itself, calls the
@@ -113,7 +113,7 @@ _LAZY = {
     "make_student_copy": "memwall.grading.student_copy",
     "register_cli": "memwall.grading.cli",
     "sync_exercises": "memwall.grading.sync",
-    "validate_solution": "memwall.grading.validate",
+    "validate_solution": "memwall.grading.solution_format",
 }
 
 

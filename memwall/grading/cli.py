@@ -1,4 +1,8 @@
-"""`memwall exercises` and `memwall grade`, plugged into the `memwall` command by register_cli."""
+"""`memwall exercises` and `memwall grade`, plugged into the `memwall` command by register_cli.
+
+`memwall exercises` is `memwall notebooks` for exercises/ alone: the same generator
+(``memwall.notebooks.student_copy``), plus a lint of the solutions' exercise format.
+"""
 
 import json
 import sys
@@ -13,8 +17,11 @@ EXIT_PROBLEMS = 1
 def register_cli(subparsers):
     exercises = subparsers.add_parser(
         "exercises",
-        help="regenerate exercises/ from solutions/ (or --check that they agree)",
-        description="Write the student copy of every solutions/*.md into exercises/.",
+        help="`memwall notebooks` for exercises/ only, with a format lint (or --check)",
+        description=(
+            "Write the student copy of every solutions/*.md into exercises/, with the same "
+            "generator as `memwall notebooks`, and list format problems in the solutions."
+        ),
     )
     exercises.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 if out of sync"
@@ -92,8 +99,8 @@ def register_cli(subparsers):
 
 
 def run_exercises(args) -> int:
+    from memwall.grading.solution_format import validate_solution
     from memwall.grading.sync import notebooks_in, read_notebook, sync_exercises
-    from memwall.grading.validate import validate_solution
 
     solutions = notebooks_in(Path(args.solutions)) if Path(args.solutions).is_dir() else []
     if not solutions:  # "in sync" with nothing would be a false all-clear

@@ -3,7 +3,7 @@
 For each submitted notebook: read it defensively (reporting files that are not notebooks,
 links and duplicates), match it to its solution by chapter name, restore the solution's cells
 around the student's exercise code (restore.py), turn the check cells into ``serve`` cells
-(serving.py), and run it sandboxed with time limits (execute.py, sandbox.py) while the grader
+(serve_cells.py), and run it sandboxed with time limits (execute.py, sandbox.py) while the grader
 judges every check itself through the grading channel (channel.py). One problem never stops the
 batch: every submission gets a row, and the row's status says what went wrong. The CSV and the
 feedback files are rewritten atomically as rows finish, so an interrupted batch leaves the rows
@@ -27,8 +27,8 @@ from memwall.grading.readiness import check_ready, resolve_sandbox
 from memwall.grading.registry import get_check
 from memwall.grading.restore import restore_submission
 from memwall.grading.sandbox import Limits, Sandbox
-from memwall.grading.scoring import explain_failure, last_line, run_notes, score_checks
-from memwall.grading.serving import serve_checks
+from memwall.grading.scoring import CheckResult, explain_failure, last_line, run_notes, score_checks
+from memwall.grading.serve_cells import serve_checks
 from memwall.grading.submissions import Submission, find_submissions, read_submission
 from memwall.grading.sync import notebooks_in, read_notebook
 from memwall.grading.tampering import tampering_flags
@@ -40,14 +40,6 @@ __all__ = [
 # Generous defaults: a real chapter may load a model (about 20 s cold) before its checks run.
 DEFAULT_NOTEBOOK_TIMEOUT = 900
 DEFAULT_CELL_TIMEOUT = 300
-
-
-@dataclass
-class CheckResult:
-    name: str
-    points: float
-    earned: float
-    message: str  # the pass line, or why it failed
 
 
 @dataclass

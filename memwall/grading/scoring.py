@@ -6,6 +6,7 @@ the student's run, only explain why it scored zero.
 """
 
 import re
+from dataclasses import dataclass
 
 from memwall.grading.cells import check_cells
 
@@ -13,9 +14,15 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MAX_MESSAGE = 2000
 
 
-def score_checks(nb, run, verdicts, timeout) -> list:
-    from memwall.grading.grader import CheckResult
+@dataclass
+class CheckResult:
+    name: str
+    points: float
+    earned: float
+    message: str  # the pass line, or why it failed
 
+
+def score_checks(nb, run, verdicts, timeout) -> list:
     results = []
     for index, name, points in check_cells(nb):
         verdict = verdicts.get(name)
