@@ -138,3 +138,13 @@ def test_nothing_listening_is_an_error_not_a_hang():
     assert runs[0]["requests"] == runs[0]["failed"] == 3 and runs[0]["errors"]
     with pytest.raises(ValueError):
         run_load("http://127.0.0.1:9", concurrency=0)
+
+
+def test_bench_serve_sends_the_api_key_a_keyed_server_wants(tiny_engine):
+    with tiny_server(tiny_engine, api_key="sk-bench") as keyed:
+        options = dict(concurrency=2, requests=2, max_tokens=3, ignore_eos=True, duration_s=60)
+        refused = run_load(url(keyed), **options)
+        served = run_load(url(keyed), api_key="sk-bench", **options)
+    assert refused["failed"] == 2 and "HTTP 401" in refused["errors"][0]
+    assert served["succeeded"] == 2 and served["model"] == "tiny"
+    assert "sk-bench" not in json.dumps(served)  # the key stays out of what is reported

@@ -62,10 +62,18 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}/v1"
 
 
-def served_model(base: str, timeout_s: float = 10.0) -> str | None:
+def headers_for(api_key: str | None) -> dict:
+    """The request headers: JSON, and the key as OpenAI-compatible servers take it, if any."""
+    return {"Content-Type": "application/json"} | (
+        {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    )
+
+
+def served_model(base: str, timeout_s: float = 10.0, headers=None) -> str | None:
     """The first model the server lists at /v1/models (None if it lists none or cannot say)."""
     try:
-        with urllib.request.urlopen(base + "/models", timeout=timeout_s) as response:
+        request = urllib.request.Request(base + "/models", headers=headers or {})
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             data = json.loads(response.read()).get("data") or []
             return data[0].get("id") if data else None
     except (urllib.error.URLError, OSError, ValueError, AttributeError):
@@ -86,10 +94,10 @@ def request_body(endpoint, prompt, max_tokens, model, ignore_eos) -> dict:
     return body
 
 
-def one_request(base, body, timeout_s, started_at) -> RequestResult:
+def one_request(base, body, timeout_s, started_at, headers=None) -> RequestResult:
     path = "/chat/completions" if "messages" in body else "/completions"
     request = urllib.request.Request(
-        base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        base + path, data=json.dumps(body).encode(), headers=headers or headers_for(None)
     )
     result, token_times, usage, done = RequestResult(), [], None, False
     start = time.perf_counter()
@@ -137,7 +145,9 @@ def classify(result: RequestResult, done: bool, max_tokens: int, ignore_eos: boo
     return "ok"
 
 
-def drive(base, body, concurrency, requests, duration_s, timeout_s, request_rate, seed) -> dict:
+def drive(
+    base, body, concurrency, requests, duration_s, timeout_s, request_rate, seed, headers=None
+) -> dict:
     """Run the load in this process (run_load calls it in a child process); return the summary."""
     results: list[RequestResult] = []
     lock, slots = threading.Lock(), threading.Semaphore(concurrency)
@@ -146,7 +156,7 @@ def drive(base, body, concurrency, requests, duration_s, timeout_s, request_rate
 
     def send():
         outcome = one_request(
-            base, body, min(timeout_s, max(deadline - time.perf_counter(), 1)), start
+            base, body, min(timeout_s, max(deadline - time.perf_counter(), 1)), start, headers
         )
         with lock:
             results.append(outcome)
@@ -186,8 +196,10 @@ def run_load(
     request_rate: float | None = None,
     endpoint: str = "completions",
     seed: int = 0,
+    api_key: str | None = None,
 ) -> dict:
-    """Drive `url` (see the module docstring) from a child process; return a summary dict."""
+    """Drive `url` (see the module docstring) from a child process; return a summary dict.
+    api_key: sent as `Authorization: Bearer KEY` (never part of the summary)."""
     if concurrency < 1 or requests < 1 or duration_s <= 0 or max_tokens < 1:
         raise ValueError("concurrency, requests, duration and max_tokens must all be positive")
     if request_rate is not None and request_rate <= 0:
@@ -195,9 +207,10 @@ def run_load(
     if endpoint not in ENDPOINTS:
         raise ValueError(f"unknown endpoint {endpoint!r}; choose from {', '.join(ENDPOINTS)}")
     base = base_url(url)
-    model = model or served_model(base, min(timeout_s, 10.0))
+    headers = headers_for(api_key)
+    model = model or served_model(base, min(timeout_s, 10.0), headers)
     body = request_body(endpoint, prompt, max_tokens, model, ignore_eos)
-    args = (base, body, concurrency, requests, duration_s, timeout_s, request_rate, seed)
+    args = (base, body, concurrency, requests, duration_s, timeout_s, request_rate, seed, headers)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
         summary = pool.submit(drive, *args).result()
     context = {"url": base, "model": model, "endpoint": endpoint, "concurrency": concurrency}

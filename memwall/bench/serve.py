@@ -12,6 +12,7 @@ interference on memwall's own server.
 from __future__ import annotations
 
 import json
+import os
 
 from memwall.bench.load import DEFAULT_PROMPT, ENDPOINTS, run_load
 
@@ -75,6 +76,9 @@ def add_cli(bench_subparsers):
         "--served-model", default=None, help="the 'model' to send (default: the first listed)"
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request at most")
+    parser.add_argument(
+        "--api-key", help="sent as 'Authorization: Bearer KEY' (default: $MEMWALL_API_KEY)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run_cli)
 
@@ -92,6 +96,7 @@ def run_cli(args) -> int:
         ignore_eos=args.ignore_eos,
         request_rate=args.request_rate,
         endpoint=args.endpoint,
+        api_key=args.api_key or os.environ.get("MEMWALL_API_KEY"),
     )
     all_ok = all(r["succeeded"] == r["requests"] > 0 for r in runs)
     if args.json:
