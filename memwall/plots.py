@@ -9,6 +9,9 @@ control of its figure layout (panels, titles, sizes) and can print the same numb
 - ``ledger_roofline``: a chip's roofline with the cost model's two rows, weight matmuls and
   attention, as points for each case (batch, context, KV heads): batching moves the matmuls right,
   past the ridge, while attention stays where the KV heads put it (H/G FLOPs per byte in 16-bit).
+- ``memory_level_roofs``: the measured machine as one roof per memory level (DRAM, and the
+  last-level cache where it was timed): a working set that fits in the cache answers to the
+  steeper one, so a plot of such a machine shows both.
 - ``memory_bar``: one or more stacked bars of bytes (weights, KV cache, activations, ...), with an
   optional capacity line, for "what fills the memory" and "what a step reads" pictures.
 
@@ -23,6 +26,8 @@ import numpy as np
 
 from memwall import cost
 from memwall.cost import peak_flops
+from memwall.hardware import Hardware
+from memwall.machine.caches import DRAM, cache_levels
 from memwall.machine.microbench import get_hardware
 
 DEFAULT_INTENSITY_RANGE = (0.1, 1e4)  # FLOPs per byte: from a matvec to a big square matmul
@@ -153,6 +158,31 @@ def roofline(
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     return drawn
+
+
+def memory_level_roofs(measurement, levels=None) -> list[tuple[str, Hardware]]:
+    """(label, Hardware) per memory level `measurement` timed, slowest first, for `roofline`.
+
+    Each level has the same flat roof (the measured peaks) and its own slope: DRAM's bandwidth,
+    and the last-level cache's where `measure()` timed it. Where the memory budget could not
+    reach DRAM, the one roof is the cache's and its label says so. `levels` defaults to this
+    CPU's cache levels (they only name the cache: "L3")."""
+    levels = cache_levels() if levels is None else levels
+    cache_name = f"last-level cache ({levels[-1].name})" if levels else "last-level cache"
+    base = measurement.as_hardware()
+    if measurement.memory_level != DRAM:
+        return [(f"{cache_name}, measured (DRAM out of reach here)", base)]
+    roofs = [("DRAM, measured", base)]
+    if measurement.cache_bandwidth and measurement.cache_bandwidth > measurement.bandwidth:
+        cache = Hardware(
+            f"{base.name}-cache",
+            measurement.cache_bandwidth,
+            dict(base.peak_flops),
+            base.memory_bytes,
+            f"the last-level cache's read bandwidth; {base.note}",
+        )
+        roofs.append((f"{cache_name}, measured", cache))
+    return roofs
 
 
 ROW_MARKERS = {"weight matmuls": "s", "attention": "^"}

@@ -117,3 +117,40 @@ def test_ledger_roofline_puts_both_rows_on_the_roof(ax):
     assert "weight matmuls" in labels and "attention" in labels
     with pytest.raises(ValueError, match="choose from batch"):
         ledger_roofline(ax, "llama-3-8b", "h100-sxm", [{"label": "x", "users": 3}])
+
+
+def _measurement(**overrides):
+    from memwall.machine.measurement import Measurement
+
+    fields = dict(
+        device="a CPU",
+        device_type="cpu",
+        torch_version="2",
+        threads=2,
+        bandwidth=30e9,
+        read_bandwidth=30e9,
+        copy_bandwidth=25e9,
+        flops={"fp32": 300e9},
+        memory_bytes=8e9,
+        cache_bandwidth=120e9,
+    )
+    return Measurement(**{**fields, **overrides})
+
+
+def test_memory_level_roofs_draw_the_cache_beside_dram(ax):
+    from memwall.machine.caches import CacheLevel
+    from memwall.plots import memory_level_roofs
+
+    levels = (CacheLevel(2, 2**21, 1), CacheLevel(3, 480 * 2**20, 2))
+    roofs = memory_level_roofs(_measurement(), levels)
+    assert [label for label, _ in roofs] == ["DRAM, measured", "last-level cache (L3), measured"]
+    assert [hw.memory_bandwidth for _, hw in roofs] == [30e9, 120e9]
+    assert all(hw.peak_flops == {"fp32": 300e9} for _, hw in roofs)
+    drawn = roofline(ax, [hw for _, hw in roofs], dtype="fp32", labels=[s for s, _ in roofs])
+    # the same flat roof, a steeper slope: the cache's ridge sits 4x further left
+    assert drawn[0]["ridge"] == pytest.approx(4 * drawn[1]["ridge"])
+    # no cache measured (a GPU), or a cache no faster than DRAM: one roof
+    assert len(memory_level_roofs(_measurement(cache_bandwidth=None), levels)) == 1
+    # DRAM out of reach within the memory budget: the one roof is the cache's, and says so
+    (only,) = memory_level_roofs(_measurement(memory_level="last-level cache"), levels)
+    assert "DRAM out of reach" in only[0]
