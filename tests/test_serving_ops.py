@@ -329,6 +329,7 @@ def test_the_fast_path_serves_the_same_tokens(tiny_engine):
         (["--port", "-1"], "--port must be between 1 and 65535"),
         (["--host", "192.0.2.7"], "not an address of this machine"),
         (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
+        (["--shutdown-timeout", "inf"], "--shutdown-timeout"),
         (["--api-key", " "], "API key must not be empty"),
     ],
 )

@@ -12,6 +12,7 @@ import socket
 import sys
 
 API_KEY_VARIABLE = "MEMWALL_API_KEY"
+MAX_SHUTDOWN_TIMEOUT_S = 86400  # a day; threads cannot wait "forever" (inf)
 
 
 def register_cli(subparsers):
@@ -108,12 +109,16 @@ def log_to_stderr() -> None:
 def run_serve(args):
     if args.prefill_chunk < 0 or args.max_batch < 1 or args.max_queue < 0:
         raise ValueError("--prefill-chunk and --max-queue must be >= 0 and --max-batch >= 1")
-    if not args.shutdown_timeout >= 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    if not 0 <= args.shutdown_timeout <= MAX_SHUTDOWN_TIMEOUT_S:  # (NaN fails this too)
+        raise ValueError(
+            f"--shutdown-timeout must be 0 to {MAX_SHUTDOWN_TIMEOUT_S} seconds, "
+            f"got {args.shutdown_timeout}"
+        )
     check_address(args.host, args.port)
     from memwall.serving.access import Access, is_loopback
 
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    # An empty variable counts as unset; an empty --api-key is refused below.
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     origins = [o for o in args.allowed_origins.split(",") if o.strip()]
     Access(api_key, origins)  # a ValueError for an empty key, before the slow load
     if api_key is None and not is_loopback(args.host):
