@@ -140,3 +140,31 @@ def test_hints_name_the_idea_not_the_finished_expression():
     assert len(hints) >= 27
     formula = re.compile(r"[=*/^<>+]|\b(max|min|sum|ceil|median)\s*\(|\bx\b")
     assert not [hint for hint in hints if formula.search(hint)]
+
+
+def solution_namespaces():
+    """For each real chapter: its solution's import and exercise cells run, and its check cells."""
+    from memwall.widgets.recording import _runs_while_recording
+
+    for path in notebooks_in(REPO / "solutions"):
+        cells = [cell for cell in read_notebook(path).cells if cell.cell_type == "code"]
+        runnable = [c for c in cells if _runs_while_recording(c, c.source)]
+        checks = [c.source for c in cells if "check" in c.metadata.get("memwall", {})]
+        yield path.stem, [c.source for c in runnable if "compare_plot(" not in c.source], checks
+
+
+@pytest.mark.parametrize("stem, exercises, checks", list(solution_namespaces()),
+                         ids=lambda v: v if isinstance(v, str) else "")  # fmt: skip
+def test_every_solution_passes_its_practice_cases_without_the_key(
+    stem, exercises, checks, student_install, capsys
+):
+    namespace = {}
+    for source in exercises:
+        exec(compile(source, stem, "exec"), namespace)  # noqa: S102 (our own solutions)
+    for source in checks:
+        exec(compile(source, stem, "exec"), namespace)  # noqa: S102
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(checks) >= 3
+    passed = [line for line in lines if "practice cases passed" in line]
+    assert len(passed) >= len(lines) - 1, lines  # at most one check without practice cases
+    assert all(line in passed or "no practice cases here" in line for line in lines), lines

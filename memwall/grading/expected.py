@@ -8,7 +8,8 @@ student's function with those results, with the check's own tolerances. The hidd
 cases stay with the grader, so learning the practice answers by heart earns nothing.
 
 Only cases that go through ``compare_function`` or ``compare_measured`` with the default
-comparison are recorded; a check that compares in its own way has fewer (or no) practice cases.
+comparison and call the answer itself are recorded; a check that compares in its own way has
+fewer (or no) practice cases, and its check cell says so.
 """
 
 import json
@@ -71,7 +72,9 @@ def record_check(spec) -> list:
     def by_function(student, reference, cases, rtol=compare_module.DEFAULT_RTOL, atol=0.0,
                     compare=None):  # fmt: skip
         cases = list(cases)
-        if compare is None:
+        # Only cases where the answer itself is called: a check that wraps it (attention after
+        # the student's pooling) compares something a replay could not rebuild.
+        if compare is None and student is unfinished:
             for case in cases:
                 args, kwargs = compare_module.split_case(case)
                 expected = reference(*compare_module.fresh(args), **compare_module.fresh(kwargs))
@@ -80,7 +83,7 @@ def record_check(spec) -> list:
 
     def measured(student, reference, cases, rtol, atol=0.0):
         cases = list(cases)
-        for case in cases:
+        for case in cases if student is unfinished else ():
             recorded.append(_entry("measured", case, reference(**case), rtol, atol))
         return len(cases)
 

@@ -61,7 +61,8 @@ def register_cases(name, reference, rtol=DEFAULT_RTOL, atol=0.0, compare=None, w
         comparison = compare or (lambda expected, got: difference(expected, got, rtol, atol))
 
         def function(answer, rng):
-            return compare_function(answer, reference, cases(rng), compare=comparison)
+            # The custom comparison only: the default one stays rtol/atol, which practice cases record.
+            return compare_function(answer, reference, cases(rng), rtol, atol, compare=compare)
 
         function.__qualname__ = f"{getattr(cases, '__qualname__', name)}.check"
         _add(CheckSpec(name, function, tuple(wrong_answers), cases, reference, comparison))
