@@ -46,6 +46,14 @@ def scrape(server) -> dict:
     return samples
 
 
+def wait_for(condition, timeout_s=30.0) -> None:
+    """Return once condition() holds; fail the test if it does not within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.005)
+
+
 def client_for(server, **options):
     options = {"api_key": "-", "max_retries": 0, "timeout": 60} | options
     return openai.OpenAI(base_url=base_url(server), **options)
@@ -159,8 +167,7 @@ def test_an_unstreamed_request_whose_client_left_is_aborted(tiny_engine):
         with patched_step(server, lambda: time.sleep(0.01)):  # 200 tokens would take 2 s
             connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=30)
             connection.request("POST", "/v1/completions", body)
-            while server.loop.stats()["running"] == 0:
-                time.sleep(0.01)
+            wait_for(lambda: server.loop.stats()["running"] == 1)
             connection.close()  # nothing was written to it yet: only the poll can tell
             stats = wait_until_idle(server)
             generated = scrape(server)["memwall:generation_tokens_total"]
@@ -216,8 +223,7 @@ def test_drain_refuses_new_work_and_lets_requests_in_flight_finish(tiny_engine):
             )
             chunks = [next(iter(stream))]
             draining = ThreadPoolExecutor(1).submit(drain, server, 30)
-            while not server.service.draining:
-                time.sleep(0.005)
+            wait_for(lambda: server.service.draining)
             with pytest.raises(openai.InternalServerError) as caught:
                 client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
             assert caught.value.status_code == 503
@@ -247,8 +253,7 @@ def test_drain_past_its_timeout_ends_streams_with_a_reason_and_frees_their_block
 
         with patched_step(server, lambda: time.sleep(0.01)), ThreadPoolExecutor(4) as pool:
             outcomes = [pool.submit(read_all, i) for i in range(4)]
-            while server.loop.stats()["running"] < 4:
-                time.sleep(0.005)
+            wait_for(lambda: server.loop.stats()["running"] == 4)
             assert drain(server, 0.2) == {"finished": 0, "cut": 4}
             results = [o.result(timeout=30) for o in outcomes]
         blocks = server.loop.scheduler.cache.blocks
