@@ -105,7 +105,9 @@ def test_solution_scores_full_marks_and_blank_copy_scores_nothing(solution_path,
     )
     by_student = {row.student: row for row in rows}
     solved, blank = by_student["solution"], by_student["blank"]
-    assert (solved.status, solved.total) == ("ok", solved.max_points), [
+    # The solution itself is the key's code, so the copied-code flag may name it; nothing else.
+    notes = [note for note in solved.status.split("; ") if "matches the answer key" not in note]
+    assert (notes or ["ok"], solved.total) == (["ok"], solved.max_points), [
         c.message for c in solved.checks
     ]
     assert blank.status == "ok" and blank.total == 0
