@@ -150,6 +150,13 @@ def test_pip_install_without_extras_in_a_fresh_venv(tmp_path):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so")
     }
     assert not sources - shipped, "package-data misses these files"
+    # The answer key stays with the instructor (issue 37): no reference in what students install,
+    # only the data their check cells and widgets read.
+    with zipfile.ZipFile(wheel) as archive:
+        texts = {name: archive.read(name) for name in shipped if name.endswith(".py")}
+    assert not [name for name, text in texts.items() if b"\ndef reference_" in text]
+    assert not [name for name in shipped if "grading/checks/" in name]
+    assert {"memwall/grading/expected/ch01.json", "memwall/widgets/curves/01.json"} <= shipped
     env_dir = tmp_path / "lean"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
