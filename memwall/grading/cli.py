@@ -83,7 +83,10 @@ def register_cli(subparsers):
         type=float,
         default=Limits.memory_bytes / 2**30,
         metavar="GB",
-        help=f"address-space limit per notebook (default {Limits.memory_bytes / 2**30:g})",
+        help=(
+            "memory of one notebook, its processes together (a memory cgroup where one can be "
+            f"made) and each process (default {Limits.memory_bytes / 2**30:g})"
+        ),
     )
     grade.add_argument(
         "--bind-ro",
