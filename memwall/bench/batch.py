@@ -48,13 +48,24 @@ def parse_batches(text: str) -> list[int]:
 
 
 def cache_with_context(engine_model, batch: int, context: int, max_tokens: int, generator):
-    """A KV cache for `batch` sequences that already holds `context` random tokens each."""
+    """A KV cache for `batch` sequences that already holds `context` random tokens each, made on
+    the model's device (`generator` must live there too)."""
     cache = engine_model.new_cache(batch=batch, max_tokens=max_tokens)
     if context:
-        cache.keys[:, :, :, :context].normal_(generator=generator)
-        cache.values[:, :, :, :context].normal_(generator=generator)
+        # A static cache (the compiled path's) keeps one tensor per layer; the readable one, one
+        # for all layers. Either way the token axis is the second to last.
+        if hasattr(cache, "layer_keys"):
+            buffers = (*cache.layer_keys, *cache.layer_values)
+        else:
+            buffers = (cache.keys, cache.values)
+        for buffer in buffers:
+            buffer[..., :context, :].normal_(generator=generator)
         cache.length = context
     return cache
+
+
+def model_device(engine_model) -> torch.device:
+    return next(engine_model.parameters()).device
 
 
 @torch.inference_mode()
@@ -62,11 +73,11 @@ def time_decode_steps(
     engine_model, batch: int, context: int, new_tokens: int, seed: int = 0
 ) -> dict:
     """Median seconds of one decode step for `batch` sequences that each hold `context` cached tokens."""
-    generator = torch.Generator().manual_seed(seed)
+    device = model_device(engine_model)
+    generator = torch.Generator(device=device).manual_seed(seed)  # random numbers made in place
     cache = cache_with_context(engine_model, batch, context, context + new_tokens, generator)
-    device = cache.keys.device
     vocab = engine_model.lm_head.out_features
-    tokens = torch.randint(0, vocab, (batch, 1), generator=generator).to(device)
+    tokens = torch.randint(0, vocab, (batch, 1), generator=generator, device=device)
     times = []
     for _ in range(new_tokens):
         harness.synchronize(device)
@@ -124,8 +135,8 @@ def bench_batch(
     model: a name ("smollm2-135m", "random:llama-3-8b") or a loaded transformers model.
     hardware: a `memwall.hardware.Hardware` for a fixed prediction; default: FLOP/s measured here,
         and the bandwidth probed before every repeat (`probe`, default a `RooflineProbe`).
-    fast: time memwall's fast decode path (`memwall.engine.cpu.fast_decode`, on a CPU) instead of
-        the readable engine.
+    fast: time memwall's speed path for the device (`accelerate`: the fused C step on a CPU, the
+        compiled step replayed as CUDA graphs on a GPU) instead of the readable engine.
     """
     batches = [count("batch", b, 1) for b in batches]
     count("context", context, 0)
@@ -150,7 +161,7 @@ def bench_batch(
     spec = ModelSpec.from_hf_config(config, name=name)
     engine_model = Transformer.from_hf(hf_model)
     del hf_model
-    if fast and torch.device(device).type == "cpu":
+    if fast:  # the device's speed path: the C step on a CPU, CUDA graphs on a GPU
         from memwall.engine.accelerate import accelerate
 
         engine_model = accelerate(engine_model)
@@ -275,8 +286,8 @@ def add_cli(bench_subparsers) -> None:
     parser.add_argument(
         "--fast",
         action="store_true",
-        help="time memwall's fast decode path (the layers looped in C, on a CPU) instead of the "
-        "readable engine",
+        help="time memwall's speed path for the device (the layers looped in C on a CPU, the "
+        "compiled step as CUDA graphs on a GPU) instead of the readable engine",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)

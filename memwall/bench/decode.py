@@ -126,7 +126,7 @@ def bench_decode(
             )
             for wrapped in wrappers:
                 timed, tag = variant, label + ("-fast" if wrapped and fast == "both" else "")
-                if wrapped and torch.device(device).type == "cpu":
+                if wrapped:  # the device's speed path: the C step, or CUDA graphs
                     from memwall.engine.accelerate import accelerate
 
                     timed = accelerate(variant)
@@ -388,7 +388,8 @@ def add_cli(bench_subparsers) -> None:
         "--fast",
         choices=FAST_CHOICES,
         default="off",
-        help="memwall's fast batch-1 decode path on a CPU: off, on, or both side by side",
+        help="memwall's speed path for the device (the fused C step on a CPU, the compiled step "
+        "as CUDA graphs on a GPU): off, on, or both side by side",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run_cli)

@@ -1,0 +1,86 @@
+"""The GPU's speed path, beside the readable engine and applied only by `accelerate(model)`.
+
+A decode step on a GPU is not bound by the weights' bytes but by launching its kernels one by one
+from Python (chapter 2's overhead regime); gpt-fast and nano-vllm show the cure, kept here in a
+few small files:
+- `static_cache.py`: a KV cache allocated once, written in place at slots given as tensors;
+- `step.py`: the forward pass over that cache with every shape fixed, so it can be traced;
+- `runner.py`: the decode step compiled with `torch.compile(mode="reduce-overhead")` and replayed
+  as a CUDA graph per batch size (batches padded to the next captured size);
+- `int4.py`: int4 layers through PyTorch's tinygemm kernel, which reads the packed bytes. int8
+  needs no twin: its readable forward (codes cast, multiplied, scaled) is a form the compiler fuses.
+
+`compiled(model)` builds the same thing on any device; on a CPU it is how tests check this path
+against the readable engine without a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from memwall.engine.cuda.int4 import TinyGemmInt4Linear, unsupported_reason
+from memwall.engine.cuda.runner import BATCH_SIZES, CompiledDecoder, padded_rows
+from memwall.engine.cuda.static_cache import StaticKVCache
+from memwall.engine.quant import Int4Linear
+
+__all__ = [
+    "BATCH_SIZES",
+    "CompiledDecoder",
+    "StaticKVCache",
+    "TinyGemmInt4Linear",
+    "compiled",
+    "native_half_dtype",
+    "padded_rows",
+    "with_twins",
+]
+
+
+def with_twins(model: nn.Module, int4: bool = True) -> nn.Module:
+    """A new module tree over `model`'s tensors with each `Int4Linear` that tinygemm can take
+    swapped for its twin (the others, and everything else, are shared as they are)."""
+    swaps = {
+        name: module
+        for name, module in model.named_modules()
+        if int4 and isinstance(module, Int4Linear) and unsupported_reason(module) is None
+    }
+    if not swaps:
+        return model
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    target = copy.deepcopy(model, memo=shared)  # new modules, the same tensors
+    for name, module in swaps.items():
+        parent, _, attr = name.rpartition(".")
+        setattr(target.get_submodule(parent), attr, TinyGemmInt4Linear(module))
+    return target
+
+
+def compiled(
+    model: nn.Module,
+    *,
+    mode: str | None = "reduce-overhead",
+    int4: bool = True,
+    compile_backend: str | None = None,
+) -> CompiledDecoder:
+    """`model` (a readable `Transformer`, quantized or not) with compiled decode steps on the
+    static cache its `new_cache` makes; CUDA graphs where the weights are on a GPU.
+
+    int4: route int4 layers through tinygemm where it takes them; compile_backend: torch.compile's
+    backend (default inductor; tests may pass a cheaper one to check the tracing alone)."""
+    if isinstance(model, CompiledDecoder):
+        return model
+    if not all(hasattr(model, name) for name in ("blocks", "rotary", "new_cache")):
+        raise ValueError(
+            f"the compiled path takes a memwall Transformer, not {type(model).__name__}"
+        )
+    return CompiledDecoder(with_twins(model, int4), mode=mode, backend=compile_backend)
+
+
+def native_half_dtype(device) -> torch.dtype:
+    """bf16 where the GPU computes in it natively (compute capability 8.0 on), else fp16 (a T4,
+    a V100): there bf16 is emulated, and far slower than fp16 at the same bytes."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return torch.float16
+    return torch.bfloat16

@@ -1,0 +1,123 @@
+"""The compiled decoder: the readable model's decode step traced once and replayed as a CUDA graph.
+
+On a GPU a decode step of the readable engine is hundreds of small kernels, each launched from
+Python; for a model that fits in one GPU the launches take longer than the kernels (chapter 2's
+overhead-bound regime). `torch.compile(mode="reduce-overhead", fullgraph=True)` traces
+`step.forward_static` into a few fused kernels (the quantized layers' dequantization fused into
+their products) and records them as a CUDA graph, which the GPU replays for each token at the cost
+of one launch. A graph has fixed shapes, so batches are padded up to the next of a few captured
+sizes (`BATCH_SIZES`, as nano-vllm does), and the cache is a `StaticKVCache`.
+
+Prefill and speculative verify passes (several new tokens) run `forward_static` eagerly: one pass
+per prompt is rarely launch-bound. Anything else the wrapper cannot take (no cache, a readable or
+paged cache) goes to the readable model unchanged; `fallback_reason(cache)` says why.
+
+The same code runs on a CPU under `torch.compile` (no graphs there): that is how CI tests it.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+from torch import nn
+
+from memwall.engine.cuda.static_cache import StaticKVCache
+from memwall.engine.cuda.step import forward_static, pad_rows, widen_mask
+
+# Batch sizes with a graph of their own; a batch in between runs padded to the next one up.
+BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))
+
+
+def padded_rows(batch: int) -> int:
+    """The captured batch size that a batch of `batch` sequences runs at."""
+    index = bisect.bisect_left(BATCH_SIZES, batch)
+    return BATCH_SIZES[index] if index < len(BATCH_SIZES) else batch
+
+
+def _allow_recompiles(limit: int = 64) -> None:
+    """Each (model, mask or none) pair is one compiled variant; dynamo's default limit of 8 per
+    function would silently fall back to eager after a few models in one process."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))
+
+
+class CompiledDecoder(nn.Module):
+    """`model` whose one-token steps on a `StaticKVCache` (from `new_cache`) run compiled."""
+
+    def __init__(self, model: nn.Module, *, mode: str | None = "reduce-overhead", backend=None):
+        super().__init__()
+        self.model = model
+        device = next(model.parameters()).device
+        # CUDA graphs exist only on CUDA; elsewhere the plain compiled code is what there is.
+        mode = mode if device.type == "cuda" else None
+        _allow_recompiles()
+        options = {"fullgraph": True, "mode": mode, **({"backend": backend} if backend else {})}
+        self._compiled_step = torch.compile(forward_static, **options)
+        self.compile_mode, self.graphs = mode, device.type == "cuda" and mode == "reduce-overhead"
+        # Slot numbers as views into one tensor made once: a decode step then builds no tensor.
+        self.register_buffer(
+            "_slots", torch.arange(model.max_positions, device=device), persistent=False
+        )
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.model, name)
+
+    def new_cache(self, batch: int = 1, max_tokens: int | None = None, dtype=None):
+        parameter = next(self.model.parameters())
+        return StaticKVCache(
+            self.model.n_layers,
+            batch,
+            max_tokens or self.model.max_positions,
+            self.model.n_kv_heads,
+            self.model.head_dim,
+            dtype or self.model.embed.weight.dtype,
+            parameter.device,
+            rows=padded_rows(batch),
+        )
+
+    def fallback_reason(self, cache) -> str | None:
+        """Why steps on `cache` go to the readable model; None when they run compiled."""
+        if not isinstance(cache, StaticKVCache):
+            return (
+                "the compiled path takes the static cache that this model's new_cache() makes, "
+                f"not {type(cache).__name__}"
+            )
+        if cache.device != self._slots.device:
+            return f"the cache is on {cache.device}, the model on {self._slots.device}"
+        return None
+
+    @torch.inference_mode()
+    def forward(self, tokens, cache=None, *, positions=None, mask=None, last_only=False):
+        if cache is None or self.fallback_reason(cache) is not None:
+            return self.model(tokens, cache, positions=positions, mask=mask, last_only=last_only)
+        batch, new = tokens.shape
+        if batch != cache.batch:
+            raise ValueError(f"{batch} sequences given to a cache made for {cache.batch}")
+        start, end = cache.length, cache.length + new
+        if end > min(cache.max_tokens, self.model.max_positions):
+            raise ValueError(
+                f"KV cache is full: {end} tokens needed, room for {cache.max_tokens} "
+                f"(the model's context is {self.model.max_positions}). Allocate a larger cache "
+                "(max_tokens) or use a shorter prompt."
+            )
+        rows, slots = cache.rows, self._slots[start:end]
+        if positions is None:
+            positions = slots[None].expand(rows, new)  # a view: no kernel launched
+        else:
+            positions = pad_rows(positions.reshape(-1, new).expand(batch, new), rows).contiguous()
+        if mask is not None:
+            mask = widen_mask(mask.to(torch.bool), batch, rows, new, cache.max_tokens)
+        tokens = pad_rows(tokens, rows)
+        step = self._compiled_step if new == 1 else forward_static
+        if step is self._compiled_step and self.graphs:
+            # Each replay overwrites the last one's outputs; the logits are copied out below.
+            torch.compiler.cudagraph_mark_step_begin()
+        kv = (cache.layer_keys, cache.layer_values)
+        logits = step(self.model, tokens, positions, slots, *kv, mask, last_only)
+        cache.length = end
+        return logits[:batch].clone()

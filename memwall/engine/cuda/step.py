@@ -1,0 +1,106 @@
+"""The model's forward pass over a static KV cache, with every shape fixed by the buffers.
+
+The same arithmetic as the readable `Transformer.forward` (and the readable layers' own modules
+and weights: norms, linears, rotary tables), rearranged so that nothing depends on a Python
+number that changes from step to step: the cache slots to write and the positions to rotate by
+arrive as tensors, the new keys and values are written in place with `index_copy_`, and attention
+covers all of the cache's slots under a mask. A compiler can then trace one decode step once and a
+CUDA graph can replay it for every later token (gpt-fast's recipe); `runner.py` does both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from memwall.engine.layers import rotate
+
+
+def attend_slots(q, keys, values, visible):
+    """Grouped-query attention of T new queries over every cache slot.
+
+    q [rows, heads, T, d]; keys, values [rows, kv_heads, slots, d]; visible [rows or 1, 1, T,
+    slots] bool. The query heads that share a KV head are stacked into one matrix, so each key and
+    value head is read once and never copied per query head (the readable decode path does the
+    same for one query).
+    """
+    rows, heads, tokens, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    q = q.reshape(rows, kv_heads, group * tokens, head_dim)
+    scores = (q @ keys.transpose(-1, -2)) * head_dim**-0.5  # [rows, kv_heads, group*T, slots]
+    scores = scores.view(rows, kv_heads, group, tokens, -1)
+    scores = scores.masked_fill(~visible[:, :, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).view(rows, kv_heads, group * tokens, -1)
+    return (weights @ values).view(rows, heads, tokens, head_dim)
+
+
+def forward_static(
+    model,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    extra_mask: torch.Tensor | None = None,
+    last_only: bool = False,
+) -> torch.Tensor:
+    """tokens [rows, T] at rotary `positions` [rows, T], written to cache `slots` [T] of
+    keys/values (one [rows, kv_heads, max_tokens, head_dim] tensor per layer) -> logits [rows,
+    T (or 1), vocab].
+
+    A new token sees the slots up to its own (causal within the T new tokens); `extra_mask`
+    [rows, 1, T, max_tokens] (False hides a slot) narrows that further, e.g. for left padding.
+    """
+    rows, new = tokens.shape
+    max_tokens = keys[0].shape[2]
+    visible = torch.arange(max_tokens, device=tokens.device) <= slots[:, None]  # [T, max_tokens]
+    visible = visible[None, None]
+    if extra_mask is not None:
+        visible = visible & extra_mask
+    x = model.embed(tokens)
+    cos = model.rotary.cos[positions].to(x.dtype)[:, None]  # [rows, 1, T, head_dim]
+    sin = model.rotary.sin[positions].to(x.dtype)[:, None]
+    for layer, block in enumerate(model.blocks):
+        kv = (keys[layer], values[layer])
+        x = x + _attention(block.attn, block.attn_norm(x), cos, sin, slots, *kv, visible)
+        x = x + block.mlp(block.mlp_norm(x))
+    if last_only:
+        x = x[:, -1:]
+    return model.lm_head(model.norm(x))
+
+
+def _attention(attn, x, cos, sin, slots, keys, values, visible):
+    rows, new, _ = x.shape
+    heads = attn.qkv(x).view(rows, new, attn.n_heads + 2 * attn.n_kv_heads, attn.head_dim)
+    heads = heads.transpose(1, 2)
+    qk, v = heads.split([attn.n_heads + attn.n_kv_heads, attn.n_kv_heads], dim=1)
+    q, k = rotate(qk, cos, sin).split([attn.n_heads, attn.n_kv_heads], dim=1)
+    keys.index_copy_(2, slots, k.to(keys.dtype))  # in place: the buffers keep their addresses
+    values.index_copy_(2, slots, v.to(values.dtype))
+    y = attend_slots(q, keys.to(q.dtype), values.to(q.dtype), visible)
+    return attn.out(y.transpose(1, 2).reshape(rows, new, attn.n_heads * attn.head_dim))
+
+
+def pad_rows(t: torch.Tensor, rows: int, value=0) -> torch.Tensor:
+    """`t` with its first dimension padded to `rows` (a no-op when it already has them)."""
+    missing = rows - t.shape[0]
+    if missing <= 0:
+        return t
+    return torch.cat([t, t.new_full((missing, *t.shape[1:]), value)])
+
+
+def widen_mask(
+    mask: torch.Tensor, batch: int, rows: int, new: int, max_tokens: int
+) -> torch.Tensor:
+    """A caller's mask in the readable engine's form ([T, keys] or [batch, 1, T, keys], keys =
+    length + T) as [rows, 1, T, max_tokens]: the slots past `keys` are hidden (not written yet)."""
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    mask = F.pad(mask, (0, max_tokens - mask.shape[-1]), value=False)
+    mask = mask.expand(batch, 1, new, max_tokens)
+    # A padded row sees slot 0 only, so that no softmax row is empty (NaN would not stay there,
+    # but it would show up in any check of the padded logits).
+    padding = torch.zeros(1, 1, new, max_tokens, dtype=torch.bool, device=mask.device)
+    padding[..., 0] = True
+    return torch.cat([mask, padding.expand(rows - mask.shape[0], 1, new, max_tokens)])

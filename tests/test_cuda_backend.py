@@ -1,0 +1,200 @@
+"""The CUDA backend's compiled path, run on the CPU under torch.compile: it must give the readable
+engine's logits (close) and greedy tokens (identical), batched and quantized too; its int4 layout
+conversion must reproduce memwall's dequantization; `accelerate` must pick the backend from the
+weights' device; and `bench batch` must make its tensors on the model's device.
+
+Compiling costs seconds per variant on a CPU, so one tiny model is compiled once per module and
+the variants that need another compile use models of two layers."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memwall import models
+from memwall.engine import Transformer, decode_step, generate, prefill
+from memwall.engine.accelerate import accelerate
+from memwall.engine.batch import generate_batch
+from memwall.engine.cuda import CompiledDecoder, StaticKVCache, compiled, padded_rows
+from memwall.engine.cuda.int4 import TinyGemmInt4Linear, inner_k_tiles, tinygemm_uint8
+from memwall.engine.kv_cache import KVCache
+from memwall.engine.quant import Int4Linear, dequantize_int4, pack_int4, quantize, quantize_int4
+from memwall.specs import ModelSpec
+
+PROMPT = [5, 17, 42, 5, 17, 99, 3, 5, 17, 61, 8]
+
+
+def two_layer_engine(d_model=64, dtype=torch.float32, seed=3):
+    """A smaller engine for the variants that need a compile of their own (int8, int4, bf16)."""
+    spec = ModelSpec(
+        name="two",
+        n_layers=2,
+        d_model=d_model,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=d_model // 4,
+        d_ff=2 * d_model,
+        vocab_size=256,
+        tied_embeddings=True,
+        max_context=128,
+    )
+    hf = models.random_init(spec, dtype=torch.float32, seed=seed)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.mul_(8)  # sharp logits: greedy ties would otherwise flip on rounding
+    return Transformer.from_hf(hf.to(dtype))
+
+
+@pytest.fixture(scope="module")
+def fast(tiny_engine):
+    return compiled(tiny_engine)
+
+
+def stepwise_logits(model, prompt, steps):
+    """Prefill then `steps` greedy decode steps on `model`'s own cache: the logits of each."""
+    cache = model.new_cache(batch=1, max_tokens=len(prompt) + steps + 1)
+    with torch.inference_mode():
+        logits = [prefill(model, torch.tensor([prompt]), cache)]
+        for _ in range(steps):
+            logits.append(decode_step(model, logits[-1].argmax(-1), cache))
+    return torch.stack(logits), cache
+
+
+def test_compiled_decode_matches_the_readable_engine(tiny_engine, fast):
+    ours, cache = stepwise_logits(fast, PROMPT, 12)
+    ref, _ = stepwise_logits(tiny_engine, PROMPT, 12)
+    assert isinstance(cache, StaticKVCache) and fast.fallback_reason(cache) is None
+    assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
+    assert generate(fast, PROMPT, 30).tokens == generate(tiny_engine, PROMPT, 30).tokens
+    # another prompt length: a cache of another capacity reuses the compiled step
+    assert generate(fast, PROMPT[:4], 20).tokens == generate(tiny_engine, PROMPT[:4], 20).tokens
+
+
+def test_compiled_batched_decode_pads_to_a_captured_size(tiny_engine, fast):
+    prompts = [PROMPT, PROMPT[3:], [9, 4, 200]]  # ragged: left padding, positions and a mask
+    out = generate_batch(fast, prompts, 10)
+    assert padded_rows(3) == 4 and fast.new_cache(batch=3, max_tokens=8).rows == 4
+    for prompt, tokens in zip(prompts, out.tokens):
+        assert tokens == generate(tiny_engine, prompt, 10).tokens
+    same_length = generate_batch(fast, [PROMPT[:5], PROMPT[2:7]], 8)  # no mask: plain steps
+    assert same_length.tokens == generate_batch(tiny_engine, [PROMPT[:5], PROMPT[2:7]], 8).tokens
+
+
+def test_speculative_verify_passes_run_on_the_static_cache(tiny_engine, fast):
+    from memwall.engine.drafts import PromptLookupDraft
+    from memwall.engine.speculative import speculative_generate
+
+    plain = generate(tiny_engine, PROMPT, 24).tokens
+    assert speculative_generate(fast, PromptLookupDraft(2), PROMPT, 24, k=3).tokens == plain
+
+
+def test_other_caches_go_to_the_readable_model(tiny_engine, fast):
+    cache = KVCache.for_model(tiny_engine, 1, 20)
+    assert "static cache" in fast.fallback_reason(cache)
+    tokens = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        assert torch.equal(
+            fast(tokens, cache), tiny_engine(tokens, KVCache.for_model(tiny_engine, 1, 20))
+        )
+        assert torch.equal(fast(tokens), tiny_engine(tokens))  # no cache at all
+    assert fast.n_layers == tiny_engine.n_layers  # attributes pass through to the readable model
+
+
+def test_bad_calls_are_refused_clearly(fast):
+    cache = fast.new_cache(batch=1, max_tokens=4)
+    with torch.inference_mode(), pytest.raises(ValueError, match="KV cache is full"):
+        fast(torch.tensor([PROMPT[:5]]), cache)
+    with torch.inference_mode(), pytest.raises(ValueError, match="2 sequences"):
+        fast(torch.tensor([[1], [2]]), cache)
+    with pytest.raises(ValueError, match="Transformer"):
+        compiled(torch.nn.Linear(4, 4))
+    assert compiled(fast) is fast
+
+
+def test_quantized_and_bf16_models_compile_and_match(tiny_engine):
+    int8 = quantize(two_layer_engine(), "int8", inplace=True)
+    int4 = quantize(two_layer_engine(seed=4), "int4", group_size=32, inplace=True)
+    bf16 = two_layer_engine(dtype=torch.bfloat16, seed=5)
+    # int8: the readable math, fused; int4: tinygemm rounds its rows and outputs to bf16 (where
+    # the CPU has the kernel); bf16: every product is rounded, and fused kernels sum in another order
+    for model, tolerance in ((int8, 1e-4), (int4, 2e-2), (bf16, 2e-2)):
+        fast = compiled(model)
+        ours, _ = stepwise_logits(fast, PROMPT, 6)
+        ref, _ = stepwise_logits(model, PROMPT, 6)
+        assert (ours.float() - ref.float()).abs().max() < tolerance * ref.float().abs().max()
+        assert generate(fast, PROMPT, 12).tokens == generate(model, PROMPT, 12).tokens
+    has_cpu_tinygemm = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    twins = [m for m in compiled(int4).modules() if isinstance(m, TinyGemmInt4Linear)]
+    assert bool(twins) == has_cpu_tinygemm
+
+
+# ---- int4: memwall's format against tinygemm's, with plain tensors -------------------------------
+
+
+def test_tinygemm_byte_order_is_memwalls_with_the_nibbles_swapped():
+    codes = torch.randint(0, 16, (8, 64), dtype=torch.uint8)
+    # tinygemm's CUDA converter (torch >= 2.5) wants the even index in the high nibble
+    expected = (codes[:, ::2] << 4) | codes[:, 1::2]
+    assert torch.equal(tinygemm_uint8(pack_int4(codes)), expected)
+    assert inner_k_tiles(4096) == 8 and inner_k_tiles(96) == 2 and inner_k_tiles(40) is None
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no CPU int4 kernel"
+)
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_tinygemm_scale_and_zero_convention_is_memwalls(group_size):
+    """w = (q - 8) * s + z with (s, z) as [in / group, out, 2]: the kernel, fed memwall's tensors
+    unchanged, computes what memwall's dequantization says."""
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256)
+    layer = Int4Linear.from_weight(weight, group_size=group_size)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    twin = TinyGemmInt4Linear(layer)
+    reference = F.linear(x.float(), dequantize_int4(*quantize_int4(weight, group_size), group_size))
+    ours = twin(x).float()
+    # the kernel's bf16 output rounds at about 2^-8 of each value's size
+    assert (ours - reference).abs().max() < 2e-2 * reference.abs().max()
+    # a wrong convention (no -8, or the scale and offset swapped) is far off
+    scale, zero = layer.scale_zero.float().transpose(0, 1).unbind(-1)
+    wrong = layer.codes().float().reshape(48, -1, group_size) * scale[..., None] + zero[..., None]
+    assert (F.linear(x.float(), wrong.reshape(48, 256)) - reference).abs().max() > 0.5
+
+
+# ---- the door, and the benchmark's devices -------------------------------------------------------
+
+
+def test_accelerate_picks_the_backend_from_the_weights_device(tiny_engine):
+    from memwall.engine.cpu.fast_decode import FastDecoder
+
+    assert isinstance(accelerate(tiny_engine), FastDecoder)  # weights on the CPU
+    assert isinstance(accelerate(tiny_engine, backend="compiled"), CompiledDecoder)
+    with pytest.raises(ValueError, match="auto, cpu, compiled"):
+        accelerate(tiny_engine, backend="gpu")
+    meta = torch.nn.Module()
+    meta.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2, device="meta")])
+    with pytest.raises(ValueError, match="cpu or cuda, not meta"):
+        accelerate(meta)
+    with pytest.raises(ValueError, match="whole model"):
+        accelerate(torch.nn.Linear(2, 2), backend="compiled")
+
+
+def test_bench_batch_makes_every_tensor_on_the_models_device(tiny_engine, fast, monkeypatch):
+    from memwall.bench import batch as bench_batch
+
+    made_on = []
+    real = bench_batch.cache_with_context
+
+    def recording(model, batch, context, max_tokens, generator):
+        made_on.append(generator.device)
+        return real(model, batch, context, max_tokens, generator)
+
+    monkeypatch.setattr(bench_batch, "cache_with_context", recording)
+    for model in (tiny_engine, fast):
+        assert bench_batch.time_decode_steps(model, 2, context=5, new_tokens=3)["step_s"] > 0
+    assert made_on == [bench_batch.model_device(tiny_engine)] * 2
+    generator = torch.Generator().manual_seed(0)
+    # the random context lands in the static cache's per-layer buffers, not in a copy
+    cache = real(fast, 2, 5, 9, generator)
+    assert cache.length == 5 and cache.layer_keys[1][:2, :, :5].abs().sum() > 0
+    assert cache.layer_values[0][:, :, 5:].abs().sum() == 0
