@@ -48,9 +48,11 @@ the module. A check is three parts: a **case generator**, a **reference** and a
 
 ``get_check(name)`` returns a ``CheckSpec`` with ``cases(rng)``, ``reference``, ``compare``
 (``compare(expected, got)`` -> None or what differs; default ``compare.difference`` with
-``rtol``/``atol``) and ``function(answer, rng)``, which runs them all. The older form,
-``@register(name)`` on ``function(student, rng)`` that draws its cases and calls
-``compare_function(student, reference, cases, rtol=1e-6, atol=0.0)``, still works.
+``rtol``/``atol``) and ``function(answer, rng)``, which runs them all. ``measured=True`` is
+for an exercise whose function times a fake bench (``memwall.fakeclock.bench_spec``). Every
+check is registered this way but one: a check that compares something built from the student's
+function (``ch05.mean_pool_heads``: attention after their pooling) decorates
+``function(student, rng)`` with ``@register(name)`` and calls ``compare_function`` itself.
 
 A case is a dict of keyword arguments, a tuple of positional ones, or one value, made of plain
 data (``memwall.exercise_driver.values``): numbers, strings, lists, tuples, dicts, numpy arrays,
@@ -63,7 +65,7 @@ Whichever side calls a function builds the spec with the builder of that name
 (``memwall.exercise_driver.builders``; register one with ``@builder("name")`` in a module listed
 in ``BUILDER_MODULES``; it holds no answers, students can read it). So the reference and the
 student's function see the same fake clock or workload, in the notebook and under the grader.
-``checks/demo.py`` has both forms and a measured example (``demo.mean_step_s``).
+``solutions/checks/demo.py`` is a worked example, measured check included (``demo.mean_step_s``).
 
 Results may be numbers (two ints must be equal exactly), lists, tuples, dicts, numpy arrays or
 torch tensors. ``check`` turns the verdict into one line, ``✓ ch01.ttft: 12/12 cases passed``,

@@ -5,13 +5,15 @@ key; it never ships to students), which is imported the first time one of its ch
 for. A check module therefore costs nothing until a notebook uses it, and adding a chapter needs
 no central list.
 
-Two ways to register a check, both served by the notebook's ``check()`` and by the grader:
+One way to register a check, served by the notebook's ``check()`` and by the grader, and an
+escape hatch:
 
-- ``@register_cases(name, reference=..., rtol=..., compare=...)`` on a function
+- ``@register_cases(name, reference=..., rtol=..., compare=..., measured=...)`` on a function
   ``cases(rng) -> list of cases``: the check is its parts, a case generator, a reference and a
-  comparison. Preferred for new checks.
+  comparison. Every check of the course but one is registered so.
 - ``@register(name)`` on ``function(answer, rng) -> cases passed`` that draws its own cases and
-  calls ``compare_function``, for checks whose calls depend on each other.
+  calls ``compare_function``: only for a check that compares something built from the student's
+  function (``ch05.mean_pool_heads``), which has no practice cases for that reason.
 """
 
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from memwall.grading.answer_key import import_key_module
 from memwall.grading.compare import DEFAULT_RTOL, compare_function, difference
+from memwall.grading.measured_compare import compare_measured
 
 _REGISTRY = {}
 
@@ -47,21 +50,27 @@ def register(name, wrong_answers=()):
     return decorate
 
 
-def register_cases(name, reference, rtol=DEFAULT_RTOL, atol=0.0, compare=None, wrong_answers=()):
+def register_cases(name, reference, rtol=DEFAULT_RTOL, atol=0.0, compare=None, wrong_answers=(),
+                   measured=False):  # fmt: skip
     """Decorator: register ``cases(rng)`` with its ``reference`` as the check called ``name``.
 
     Each case is a dict of keyword arguments (or a tuple of positional ones) of plain data:
     numbers, strings, lists, tuples, dicts, numpy arrays, torch tensors, and build specs
     (``memwall.exercise_driver.values.build_spec``) for objects such as a fake clock.
     ``compare(expected, got)`` returns None when ``got`` is right, else a short sentence; the
-    default compares numbers to ``rtol``/``atol`` (``compare.difference``).
+    default compares numbers to ``rtol``/``atol`` (``compare.difference``). ``measured=True``
+    for an exercise whose function times a fake bench (``memwall.fakeclock.bench_spec`` in the
+    case): the bench is built where the function is called and ``reference(**case)`` computes
+    the truth from the spec (``measured_compare.compare_measured``).
     """
 
     def decorate(cases):
         comparison = compare or (lambda expected, got: difference(expected, got, rtol, atol))
 
         def function(answer, rng):
-            # The custom comparison only: the default one stays rtol/atol, which practice cases record.
+            if measured:
+                return compare_measured(answer, reference, cases(rng), rtol, atol)
+            # The custom comparison only: the default stays rtol/atol, which practice cases record.
             return compare_function(answer, reference, cases(rng), rtol, atol, compare=compare)
 
         function.__qualname__ = f"{getattr(cases, '__qualname__', name)}.check"

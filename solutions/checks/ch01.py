@@ -7,7 +7,6 @@ takes TTFT + (n - 1) x TPOT. Hidden cases are drawn at random around realistic t
 
 import math
 
-from memwall.grading import compare_function, register
 from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
@@ -118,30 +117,32 @@ def check_prefill_dominates_at(rng):
     return prefill_cases(rng)
 
 
-@register(
+@register_cases(
     "ch01.tpot",
+    reference=reference_time_per_output_token,
     wrong_answers=[
         lambda token_times_s: token_times_s[-1] / len(token_times_s),
         lambda token_times_s: (token_times_s[-1] - token_times_s[0]) / len(token_times_s),
     ],
 )
-def check_time_per_output_token(student, rng):
+def cases_time_per_output_token(rng):
     cases = [
         dict(token_times_s=token_stream(rng, rng.randint(2, 300))) for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_time_per_output_token, cases)
+    return cases
 
 
-@register(
+@register_cases(
     "ch01.decode_rate",
+    reference=reference_decode_tokens_per_s,
     wrong_answers=[
         lambda step_times_s: len(step_times_s) / sum(step_times_s),
         lambda step_times_s: sorted(step_times_s)[len(step_times_s) // 2],
     ],
 )
-def check_decode_tokens_per_s(student, rng):
+def cases_decode_tokens_per_s(rng):
     cases = [dict(step_times_s=step_times_with_outliers(rng)) for _ in range(CASES_PER_CHECK)]
-    return compare_function(student, reference_decode_tokens_per_s, cases)
+    return cases
 
 
 def _through_last_point(prompt_lengths, ttfts_s, prompt_tokens):
@@ -153,12 +154,17 @@ def _through_first_and_last(prompt_lengths, ttfts_s, prompt_tokens):
     return ttfts_s[0] + slope * (prompt_tokens - prompt_lengths[0])
 
 
-@register("ch01.predict_ttft", wrong_answers=[_through_last_point, _through_first_and_last])
-def check_predict_ttft(student, rng):
+@register_cases(
+    "ch01.predict_ttft",
+    reference=reference_predict_ttft,
+    atol=1e-09,
+    wrong_answers=[_through_last_point, _through_first_and_last],
+)
+def cases_predict_ttft(rng):
     cases = []
     for _ in range(CASES_PER_CHECK):
         lengths, ttfts = measured_ttfts(rng)
         cases.append(
             dict(prompt_lengths=lengths, ttfts_s=ttfts, prompt_tokens=rng.randint(1, 8192))
         )
-    return compare_function(student, reference_predict_ttft, cases, atol=1e-9)
+    return cases

@@ -8,7 +8,6 @@ overhead-bound (Horace He's third regime). Hidden cases span CPUs to H100-class 
 
 import math
 
-from memwall.grading import compare_function, register
 from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
@@ -77,8 +76,9 @@ def random_matmul(rng):
 # ---- checks ----------------------------------------------------------------------------------
 
 
-@register(
+@register_cases(
     "ch02.intensity",
+    reference=reference_matmul_intensity,
     wrong_answers=[
         lambda m, k, n, bytes_per_element: 2 * m * k * n / ((m * k + k * n) * bytes_per_element),
         lambda m, k, n, bytes_per_element: (
@@ -87,10 +87,10 @@ def random_matmul(rng):
         lambda m, k, n, bytes_per_element: 2 * m / bytes_per_element,
     ],
 )
-def check_matmul_intensity(student, rng):
+def cases_matmul_intensity(rng):
     cases = [random_matmul(rng) for _ in range(CASES_PER_CHECK)]
     cases[0]["m"] = 1  # a decode step
-    return compare_function(student, reference_matmul_intensity, cases)
+    return cases
 
 
 def regime_cases(rng):
@@ -145,8 +145,12 @@ def _one_row_short(k, n, bytes_per_element, peak_flops, bandwidth):
     return rows - 1 if rows > 1 else rows
 
 
-@register("ch02.rows_to_ridge", wrong_answers=[_small_m_approximation, _one_row_short])
-def check_rows_to_reach_ridge(student, rng):
+@register_cases(
+    "ch02.rows_to_ridge",
+    reference=reference_rows_to_reach_ridge,
+    wrong_answers=[_small_m_approximation, _one_row_short],
+)
+def cases_rows_to_reach_ridge(rng):
     cases = []
     while len(cases) < CASES_PER_CHECK:
         peak, bandwidth = random_chip(rng)
@@ -163,4 +167,4 @@ def check_rows_to_reach_ridge(student, rng):
             cases.append(case)
     # Always one case that no number of rows can push past the ridge: 16-bit, a narrow weight, a GPU.
     cases[-1] = dict(k=512, n=512, bytes_per_element=2, peak_flops=989e12, bandwidth=3.35e12)
-    return compare_function(student, reference_rows_to_reach_ridge, cases)
+    return cases

@@ -7,8 +7,8 @@
 """
 
 from memwall.fakeclock import bench_spec
-from memwall.grading import compare_function, register
-from memwall.grading.measured_compare import compare_measured, noisy_machine
+from memwall.grading.measured_compare import noisy_machine
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 
@@ -68,12 +68,15 @@ def _first_size_that_misses(bench, sizes, repeats):  # the right sweep, off by o
     return sizes[sizes.index(_biggest_drop(sizes, gb_s)) + 1]
 
 
-@register(
+@register_cases(
     "ch03.cache_cliff",
+    reference=reference_cache_cliff,
+    rtol=0,
+    measured=True,
     wrong_answers=[_one_cold_read_each, _sizes_round_robin, _first_size_that_misses],
 )
-def check_cache_cliff(student, rng):
-    return compare_measured(student, reference_cache_cliff, cache_sweep_cases(rng), rtol=0)
+def cases_cache_cliff(rng):
+    return cache_sweep_cases(rng)
 
 
 def reference_llama_params(
@@ -100,8 +103,12 @@ def _wrong_ignores_tying(n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff,
     )
 
 
-@register("ch03.llama_params", wrong_answers=[_wrong_mha_params, _wrong_ignores_tying])
-def check_llama_params(student, rng):
+@register_cases(
+    "ch03.llama_params",
+    reference=reference_llama_params,
+    wrong_answers=[_wrong_mha_params, _wrong_ignores_tying],
+)
+def cases_llama_params(rng):
     cases = []
     for number in range(CASES_PER_CHECK):
         n_kv_heads = rng.choice([1, 2, 4, 8])
@@ -119,7 +126,7 @@ def check_llama_params(student, rng):
                 tied=number % 2 == 0,
             )
         )
-    return compare_function(student, reference_llama_params, cases)
+    return cases
 
 
 def reference_decode_step_ms(batch, weight_gb, params_billion, bandwidth_gb_s, peak_tflops):
@@ -130,21 +137,22 @@ def reference_decode_step_ms(batch, weight_gb, params_billion, bandwidth_gb_s, p
     return max(memory_ms, compute_ms)
 
 
-@register(
+@register_cases(
     "ch03.decode_step_ms",
+    reference=reference_decode_step_ms,
     wrong_answers=[
         lambda batch, weight_gb, params_billion, bandwidth_gb_s, peak_tflops: (
-            weight_gb / bandwidth_gb_s * 1e3
+            weight_gb / bandwidth_gb_s * 1000.0
         ),
         lambda batch, weight_gb, params_billion, bandwidth_gb_s, peak_tflops: (
-            weight_gb / bandwidth_gb_s * 1e3 + 2 * params_billion * batch / peak_tflops
-        ),  # adds instead of max
+            weight_gb / bandwidth_gb_s * 1000.0 + 2 * params_billion * batch / peak_tflops
+        ),
         lambda batch, weight_gb, params_billion, bandwidth_gb_s, peak_tflops: max(
-            weight_gb / bandwidth_gb_s * 1e3, params_billion * batch / peak_tflops
-        ),  # 1 FLOP per weight
+            weight_gb / bandwidth_gb_s * 1000.0, params_billion * batch / peak_tflops
+        ),
     ],
 )
-def check_decode_step_ms(student, rng):
+def cases_decode_step_ms(rng):
     cases = []
     for _ in range(CASES_PER_CHECK):
         params = rng.uniform(0.1, 70)
@@ -159,4 +167,4 @@ def check_decode_step_ms(student, rng):
         )
     cases[0].update(batch=8192, peak_tflops=10.0)  # surely compute-bound
     cases[1].update(batch=1)  # surely memory-bound
-    return compare_function(student, reference_decode_step_ms, cases)
+    return cases

@@ -9,8 +9,8 @@
 """
 
 from memwall.fakeclock import bench_spec
-from memwall.grading import compare_function, register
-from memwall.grading.measured_compare import compare_measured, noisy_machine
+from memwall.grading.measured_compare import noisy_machine
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 # A sound fit (medians, then a least-squares line) lands within ~2% of the true slope.
@@ -102,9 +102,15 @@ def _always_bytes(bench, contexts, repeats, *machine):  # a sound fit that never
     return {"s_per_token": slope, "bound": "bytes"}
 
 
-@register("ch04.kv_cost", wrong_answers=[_one_step_each, _time_over_context, _always_bytes])
-def check_kv_cost(student, rng):
-    return compare_measured(student, reference_kv_cost, kv_cost_cases(rng), rtol=KV_SLOPE_RTOL)
+@register_cases(
+    "ch04.kv_cost",
+    reference=reference_kv_cost,
+    rtol=KV_SLOPE_RTOL,
+    measured=True,
+    wrong_answers=[_one_step_each, _time_over_context, _always_bytes],
+)
+def cases_kv_cost(rng):
+    return kv_cost_cases(rng)
 
 
 def reference_tokens_processed(prompt_tokens, new_tokens, use_cache):
@@ -115,12 +121,11 @@ def reference_tokens_processed(prompt_tokens, new_tokens, use_cache):
     return new_tokens * prompt_tokens + new_tokens * (new_tokens - 1) // 2
 
 
-@register(
+@register_cases(
     "ch04.tokens_processed",
+    reference=reference_tokens_processed,
     wrong_answers=[
-        lambda prompt_tokens, new_tokens, use_cache: (
-            prompt_tokens + new_tokens - 1
-        ),  # the cache case only
+        lambda prompt_tokens, new_tokens, use_cache: prompt_tokens + new_tokens - 1,
         lambda prompt_tokens, new_tokens, use_cache: (
             prompt_tokens + new_tokens - 1
             if use_cache
@@ -128,7 +133,7 @@ def reference_tokens_processed(prompt_tokens, new_tokens, use_cache):
         ),
     ],
 )
-def check_tokens_processed(student, rng):
+def cases_tokens_processed(rng):
     cases = [
         dict(
             prompt_tokens=rng.randint(1, 4000),
@@ -137,7 +142,7 @@ def check_tokens_processed(student, rng):
         )
         for number in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_tokens_processed, cases)
+    return cases
 
 
 def reference_cached_attention(q, k_cache, v_cache, k_new, v_new):
@@ -194,13 +199,16 @@ def random_attention_case(rng, context=None):
     )
 
 
-@register(
+@register_cases(
     "ch04.cached_attention",
+    reference=reference_cached_attention,
+    rtol=0.0001,
+    atol=1e-05,
     wrong_answers=[_wrong_forgets_new_token, _wrong_tiles_heads, _wrong_unscaled],
 )
-def check_cached_attention(student, rng):
+def cases_cached_attention(rng):
     cases = [random_attention_case(rng) for _ in range(CASES_PER_CHECK)]
-    return compare_function(student, reference_cached_attention, cases, rtol=1e-4, atol=1e-5)
+    return cases
 
 
 def reference_step_time_ms(context, weight_mb, kv_kib_per_token, bandwidth_gb_s):
@@ -210,18 +218,21 @@ def reference_step_time_ms(context, weight_mb, kv_kib_per_token, bandwidth_gb_s)
     return bytes_per_step / (bandwidth_gb_s * 1e9) * 1e3
 
 
-@register(
+@register_cases(
     "ch04.step_time_ms",
+    reference=reference_step_time_ms,
     wrong_answers=[
         lambda context, weight_mb, kv_kib_per_token, bandwidth_gb_s: (
-            weight_mb * 1e6 / (bandwidth_gb_s * 1e9) * 1e3
+            weight_mb * 1000000.0 / (bandwidth_gb_s * 1000000000.0) * 1000.0
         ),
         lambda context, weight_mb, kv_kib_per_token, bandwidth_gb_s: (
-            (weight_mb * 1e6 + context * kv_kib_per_token * 1000) / (bandwidth_gb_s * 1e9) * 1e3
-        ),  # KB, not KiB
+            (weight_mb * 1000000.0 + context * kv_kib_per_token * 1000)
+            / (bandwidth_gb_s * 1000000000.0)
+            * 1000.0
+        ),
     ],
 )
-def check_step_time_ms(student, rng):
+def cases_step_time_ms(rng):
     cases = [
         dict(
             context=rng.randint(1, 131072),
@@ -231,4 +242,4 @@ def check_step_time_ms(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_step_time_ms, cases)
+    return cases

@@ -86,8 +86,9 @@ def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context)
     return math.floor(free / (context * kv_bytes_per_token))
 
 
-@register(
+@register_cases(
     "ch05.max_users",
+    reference=reference_max_users,
     wrong_answers=[
         lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: (
             (memory_bytes - weight_bytes) / (context * kv_bytes_per_token)
@@ -100,7 +101,7 @@ def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context)
         ),
     ],
 )
-def check_max_users(student, rng):
+def cases_max_users(rng):
     cases = []
     for number in range(CASES_PER_CHECK):
         memory = rng.choice([16e9, 24e9, 40e9, 80e9, 141e9])
@@ -114,7 +115,7 @@ def check_max_users(student, rng):
                 context=rng.choice([512, 2048, 4096, 8192, 32768, 131072]),
             )
         )
-    return compare_function(student, reference_max_users, cases)
+    return cases
 
 
 # ---- 3. mean-pooling KV heads ------------------------------------------------------------------------

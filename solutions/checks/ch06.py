@@ -11,8 +11,8 @@
 import math
 
 from memwall.fakeclock import bench_spec
-from memwall.grading import compare_function, register
-from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
+from memwall.grading.measured_compare import drifting, noisy_machine
+from memwall.grading.registry import register_cases
 from memwall.widgets.practice import blocks_in_use, random_events  # noqa: F401
 
 # A sound interleaved method lands within ~2% of the true speed-ups; drift moves a naive one 10%+.
@@ -66,8 +66,12 @@ def _no_factor_two(ridge_point, context, n_params, bytes_per_param, kv_bytes_per
     )
 
 
-@register("ch06.compute_bound_batch", wrong_answers=[_weights_only_batch, _no_factor_two])
-def check_compute_bound_batch(student, rng):
+@register_cases(
+    "ch06.compute_bound_batch",
+    reference=reference_compute_bound_batch,
+    wrong_answers=[_weights_only_batch, _no_factor_two],
+)
+def cases_compute_bound_batch(rng):
     cases = []
     for number in range(CASES_PER_CHECK):
         n_params = rng.choice([135e6, 1.24e9, 8.03e9, 70.6e9])
@@ -90,7 +94,7 @@ def check_compute_bound_batch(student, rng):
                 kv_bytes_per_token=kv,
             )
         )
-    return compare_function(student, reference_compute_bound_batch, cases)
+    return cases
 
 
 # ---- 2. throughput predicted from the ledger ------------------------------------------------------
@@ -105,23 +109,23 @@ def reference_predicted_throughput(
     return batch / max(memory_s, compute_s)
 
 
-@register(
+@register_cases(
     "ch06.predicted_throughput",
+    reference=reference_predicted_throughput,
     wrong_answers=[
         lambda batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops: (
             batch * bandwidth / (weight_bytes + batch * context * kv_bytes_per_token)
-        ),  # ignores compute
+        ),
         lambda batch, context, weight_bytes, kv_bytes_per_token, flops_per_token, bandwidth, peak_flops: (
             batch
             / max(
                 batch * (weight_bytes + context * kv_bytes_per_token) / bandwidth,
                 batch * flops_per_token / peak_flops,
             )
-        ),  # weights read once per sequence
+        ),
     ],
 )
-def check_predicted_throughput(student, rng):
-    # Two fixed cases first: a compute-bound batch on a CPU-like chip and a memory-bound batch of 8.
+def cases_predicted_throughput(rng):
     cases = [
         dict(
             batch=256,
@@ -155,7 +159,7 @@ def check_predicted_throughput(student, rng):
                 peak_flops=rng.choice([60e9, 989e12, 312e12]),
             )
         )
-    return compare_function(student, reference_predicted_throughput, cases)
+    return cases
 
 
 # ---- 3. a block-table allocator -------------------------------------------------------------------
@@ -210,8 +214,12 @@ def _new_blocks_every_append(events, n_blocks, block_size):
     return tables
 
 
-@register("ch06.block_tables", wrong_answers=[_never_reuses, _new_blocks_every_append])
-def check_block_tables(student, rng):
+@register_cases(
+    "ch06.block_tables",
+    reference=reference_block_tables,
+    wrong_answers=[_never_reuses, _new_blocks_every_append],
+)
+def cases_block_tables(rng):
     cases = []
     for _ in range(CASES_PER_CHECK):
         block_size, n_blocks = rng.choice([1, 2, 4, 16]), rng.randint(12, 40)
@@ -222,7 +230,7 @@ def check_block_tables(student, rng):
                 block_size=block_size,
             )
         )
-    return compare_function(student, reference_block_tables, cases)
+    return cases
 
 
 # ---- 4. fragmentation of a paged cache --------------------------------------------------------------
@@ -234,8 +242,9 @@ def reference_paged_waste(lengths, block_size):
     return (allocated - sum(lengths)) / allocated
 
 
-@register(
+@register_cases(
     "ch06.paged_waste",
+    reference=reference_paged_waste,
     wrong_answers=[
         lambda lengths, block_size: sum(
             math.ceil(n / block_size) * block_size - n for n in lengths
@@ -243,10 +252,10 @@ def reference_paged_waste(lengths, block_size):
         lambda lengths, block_size: (
             (math.ceil(sum(lengths) / block_size) * block_size - sum(lengths))
             / (math.ceil(sum(lengths) / block_size) * block_size)
-        ),  # one shared tail instead of one per sequence
+        ),
     ],
 )
-def check_paged_waste(student, rng):
+def cases_paged_waste(rng):
     cases = [
         dict(
             lengths=[rng.randint(1, 3000) for _ in range(rng.randint(1, 64))],
@@ -254,7 +263,7 @@ def check_paged_waste(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_paged_waste, cases)
+    return cases
 
 
 # --- ch06.batch_speedups (measured) ---------------------------------------------------------
@@ -324,11 +333,12 @@ def _one_cold_round(bench, batches, repeats):  # one step each, slow first calls
     return [b / s / (batches[0] / steps[0]) for b, s in zip(batches, steps)]
 
 
-@register(
+@register_cases(
     "ch06.batch_speedups",
+    reference=reference_batch_speedups,
+    rtol=SPEEDUP_RTOL,
+    measured=True,
     wrong_answers=[_one_batch_after_another, _step_rate_not_tokens, _one_cold_round],
 )
-def check_batch_speedups(student, rng):
-    return compare_measured(
-        student, reference_batch_speedups, batch_speedup_cases(rng), rtol=SPEEDUP_RTOL
-    )
+def cases_batch_speedups(rng):
+    return batch_speedup_cases(rng)

@@ -11,8 +11,8 @@
 import numpy as np
 
 from memwall.fakeclock import bench_spec
-from memwall.grading import compare_function, numpy_rng, register
-from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
+from memwall.grading import numpy_rng
+from memwall.grading.measured_compare import drifting, noisy_machine
 from memwall.grading.registry import register_cases
 from memwall.widgets.practice import relative_rms_error  # noqa: F401
 
@@ -30,15 +30,17 @@ def reference_bits_per_weight(code_bits, group_size, metadata_bits):
     return code_bits + metadata_bits / group_size
 
 
-@register(
+@register_cases(
     "ch07.bits_per_weight",
+    reference=reference_bits_per_weight,
+    rtol=1e-09,
     wrong_answers=[
         lambda code_bits, group_size, metadata_bits: code_bits + metadata_bits * group_size,
         lambda code_bits, group_size, metadata_bits: (code_bits + metadata_bits / group_size) / 8,
         lambda code_bits, group_size, metadata_bits: code_bits,
     ],
 )
-def check_bits_per_weight(student, rng):
+def cases_bits_per_weight(rng):
     cases = [
         dict(
             code_bits=rng.choice([2, 3, 4, 5, 6, 8]),
@@ -47,7 +49,7 @@ def check_bits_per_weight(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_bits_per_weight, cases, rtol=1e-9)
+    return cases
 
 
 # ---- 2. symmetric quantization --------------------------------------------------------------------
@@ -75,15 +77,18 @@ def _too_many_levels(w, bits):
     return np.round(np.asarray(w) / scale) * scale
 
 
-@register(
+@register_cases(
     "ch07.symmetric_quantize",
+    reference=reference_symmetric_quantize,
+    rtol=1e-05,
+    atol=1e-06,
     wrong_answers=[
         _per_tensor_scale,
         _too_many_levels,
         lambda w, bits: np.asarray(w, dtype=np.float32),
     ],
 )
-def check_symmetric_quantize(student, rng):
+def cases_symmetric_quantize(rng):
     nprng = numpy_rng(rng)
     cases = []
     for _ in range(CASES_PER_CHECK):
@@ -92,7 +97,7 @@ def check_symmetric_quantize(student, rng):
             np.float32
         )  # rows with different ranges
         cases.append(dict(w=w, bits=rng.choice([2, 3, 4, 6, 8])))
-    return compare_function(student, reference_symmetric_quantize, cases, rtol=1e-5, atol=1e-6)
+    return cases
 
 
 # ---- 4. the format that fits a memory budget -----------------------------------------------------
@@ -219,11 +224,12 @@ def _one_cold_call_each(bench, formats, repeats):  # the first call builds the k
     return {name: times["fp32"] / times[name] for name in formats}
 
 
-@register(
+@register_cases(
     "ch07.format_speedups",
+    reference=reference_format_speedups,
+    rtol=SPEEDUP_RTOL,
+    measured=True,
     wrong_answers=[_format_after_format, _interleaved_totals, _one_cold_call_each],
 )
-def check_format_speedups(student, rng):
-    return compare_measured(
-        student, reference_format_speedups, format_speedup_cases(rng), rtol=SPEEDUP_RTOL
-    )
+def cases_format_speedups(rng):
+    return format_speedup_cases(rng)

@@ -12,8 +12,8 @@
 """
 
 from memwall.fakeclock import bench_spec
-from memwall.grading import compare_function, register
-from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
+from memwall.grading.measured_compare import drifting, noisy_machine
+from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
 MAX_K = 16
@@ -32,14 +32,16 @@ def reference_tokens_per_pass(alpha, k):
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-@register(
+@register_cases(
     "ch08.tokens_per_pass",
+    reference=reference_tokens_per_pass,
+    rtol=1e-09,
     wrong_answers=[
-        lambda alpha, k: (1 - alpha**k) / (1 - alpha) if alpha < 1 else float(k),  # no bonus token
-        lambda alpha, k: 1 + alpha * k,  # as if every guess were tested whatever happened before it
+        lambda alpha, k: (1 - alpha**k) / (1 - alpha) if alpha < 1 else float(k),
+        lambda alpha, k: 1 + alpha * k,
     ],
 )
-def check_tokens_per_pass(student, rng):
+def cases_tokens_per_pass(rng):
     cases = [
         dict(alpha=rng.uniform(0, 0.99), k=rng.randint(1, MAX_K))
         for _ in range(CASES_PER_CHECK - 3)
@@ -49,7 +51,7 @@ def check_tokens_per_pass(student, rng):
         dict(alpha=1.0, k=rng.randint(1, MAX_K)),
         dict(alpha=0.5, k=1),
     ]
-    return compare_function(student, reference_tokens_per_pass, cases, rtol=1e-9)
+    return cases
 
 
 # ---- 2. one step of the acceptance rule --------------------------------------------------------
@@ -95,8 +97,12 @@ def random_distribution(rng, size, zeros=0):
     return [w / total for w in weights]
 
 
-@register("ch08.accept_step", wrong_answers=[_resample_from_p, _always_accept])
-def check_accept_step(student, rng):
+@register_cases(
+    "ch08.accept_step",
+    reference=reference_accept_step,
+    wrong_answers=[_resample_from_p, _always_accept],
+)
+def cases_accept_step(rng):
     cases = []
     while len(cases) < CASES_PER_CHECK:
         size = rng.randint(3, 8)
@@ -119,7 +125,7 @@ def check_accept_step(student, rng):
         case = dict(p=p, q=q, guess=rng.randrange(size), u=rng.random(), v=rng.random())
         if _telling_rejection(**case):
             cases[rng.randrange(len(cases))] = case
-    return compare_function(student, reference_accept_step, cases)
+    return cases
 
 
 def _telling_rejection(p, q, guess, u, v):
@@ -139,18 +145,20 @@ def reference_speedup(alpha, k, draft_cost, verify_cost_per_token):
     return reference_tokens_per_pass(alpha, k) / round_cost
 
 
-@register(
+@register_cases(
     "ch08.speedup",
+    reference=reference_speedup,
+    rtol=1e-09,
     wrong_answers=[
         lambda alpha, k, draft_cost, verify_cost_per_token: (
             reference_tokens_per_pass(alpha, k) / (k * draft_cost + 1)
-        ),  # verification taken as free
+        ),
         lambda alpha, k, draft_cost, verify_cost_per_token: (
             reference_tokens_per_pass(alpha, k) / (1 + k * verify_cost_per_token)
-        ),  # the draft taken as free
+        ),
     ],
 )
-def check_speedup(student, rng):
+def cases_speedup(rng):
     cases = [
         dict(
             alpha=rng.uniform(0, 0.98),
@@ -160,7 +168,7 @@ def check_speedup(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_speedup, cases, rtol=1e-9)
+    return cases
 
 
 # ---- 4. the best k -----------------------------------------------------------------------------
@@ -186,8 +194,12 @@ def _never_declines(alpha, draft_cost, verify_cost_per_token, k_max=MAX_K):
     )
 
 
-@register("ch08.best_k", wrong_answers=[_best_tokens_per_pass_only, _never_declines])
-def check_best_k(student, rng):
+@register_cases(
+    "ch08.best_k",
+    reference=reference_best_k,
+    wrong_answers=[_best_tokens_per_pass_only, _never_declines],
+)
+def cases_best_k(rng):
     cases = []
     for number in range(CASES_PER_CHECK):
         if number % 3 == 0:  # a poor draft on a CPU: speculating does not pay
@@ -203,7 +215,7 @@ def check_best_k(student, rng):
                 verify_cost_per_token=rng.uniform(0, 0.1),
             )
         cases.append({**case, "k_max": rng.choice([8, 16])})
-    return compare_function(student, reference_best_k, cases)
+    return cases
 
 
 # ---- 5. the verify pass's cost, measured on a fake clock --------------------------------------
@@ -276,15 +288,13 @@ def _cold_single_pairs(bench, ks, repeats):  # one pair each, slow first calls i
     return _slope_through_origin(ks, ratios)
 
 
-@register(
+@register_cases(
     "ch08.verify_cost_per_token",
+    reference=reference_verify_cost_per_token,
+    rtol=VERIFY_RTOL,
+    atol=VERIFY_ATOL,
+    measured=True,
     wrong_answers=[_decode_first_then_verify, _whole_pass_per_token, _cold_single_pairs],
 )
-def check_verify_cost_per_token(student, rng):
-    return compare_measured(
-        student,
-        reference_verify_cost_per_token,
-        verify_cost_cases(rng),
-        rtol=VERIFY_RTOL,
-        atol=VERIFY_ATOL,
-    )
+def cases_verify_cost_per_token(rng):
+    return verify_cost_cases(rng)

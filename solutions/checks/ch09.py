@@ -8,8 +8,8 @@
 """
 
 from memwall.fakeclock import bench_spec
-from memwall.grading import compare_function, register
-from memwall.grading.measured_compare import compare_measured, drifting, noisy_machine
+from memwall.grading.measured_compare import drifting, noisy_machine
+from memwall.grading.registry import register_cases
 
 CASES = 12
 # A sound A/B method lands within 1-2% of the truth on these machines; a naive one is off by 10-40%.
@@ -28,15 +28,16 @@ def reference_moe_weight_bytes(batch, n_experts, active_experts, expert_bytes, s
     return shared_bytes + touched * expert_bytes
 
 
-@register(
+@register_cases(
     "ch09.fraction_of_roofline",
+    reference=reference_fraction_of_roofline,
     wrong_answers=[
         lambda tok_per_s, bytes_per_step, bandwidth_gb_s, tokens_per_step=1: (
-            tok_per_s * bytes_per_step / (bandwidth_gb_s * 1e9)
-        ),
+            tok_per_s * bytes_per_step / (bandwidth_gb_s * 1000000000.0)
+        )
     ],
 )
-def check_fraction_of_roofline(student, rng):
+def cases_fraction_of_roofline(rng):
     cases = [
         dict(
             tok_per_s=rng.uniform(1, 500),
@@ -46,7 +47,7 @@ def check_fraction_of_roofline(student, rng):
         )
         for _ in range(CASES)
     ]
-    return compare_function(student, reference_fraction_of_roofline, cases)
+    return cases
 
 
 def ab_cases(rng, n_cases=CASES):
@@ -98,13 +99,20 @@ def _one_pair(bench, repeats):  # a single cold pair
     return _timed(bench, bench.run_b) / _timed(bench, bench.run_a)
 
 
-@register("ch09.ab_slowdown", wrong_answers=[_all_a_then_all_b, _interleaved_means])
-def check_ab_slowdown(student, rng):
-    return compare_measured(student, reference_slowdown, ab_cases(rng), rtol=AB_RTOL)
+@register_cases(
+    "ch09.ab_slowdown",
+    reference=reference_slowdown,
+    rtol=AB_RTOL,
+    measured=True,
+    wrong_answers=[_all_a_then_all_b, _interleaved_means],
+)
+def cases_ab_slowdown(rng):
+    return ab_cases(rng)
 
 
-@register(
+@register_cases(
     "ch09.moe_weight_bytes",
+    reference=reference_moe_weight_bytes,
     wrong_answers=[
         lambda batch, n_experts, active_experts, expert_bytes, shared_bytes: (
             shared_bytes + active_experts * expert_bytes
@@ -114,7 +122,7 @@ def check_ab_slowdown(student, rng):
         ),
     ],
 )
-def check_moe_weight_bytes(student, rng):
+def cases_moe_weight_bytes(rng):
     cases = []
     for _ in range(CASES):
         n_experts = rng.choice([8, 16, 64, 128])
@@ -127,7 +135,7 @@ def check_moe_weight_bytes(student, rng):
                 shared_bytes=rng.uniform(1e8, 5e9),
             )
         )
-    return compare_function(student, reference_moe_weight_bytes, cases)
+    return cases
 
 
 def warmup_cases(rng, n_cases=CASES):
@@ -174,6 +182,12 @@ def _slower_than_the_next(bench, n_steps):  # stops at the first step not slower
     return next((i for i in range(len(times) - 1) if times[i] <= times[i + 1]), 0)
 
 
-@register("ch09.warmup_steps", wrong_answers=[_always_one, _fixed_five, _slower_than_the_next])
-def check_warmup_steps(student, rng):
-    return compare_measured(student, reference_warmup_steps, warmup_cases(rng), rtol=0)
+@register_cases(
+    "ch09.warmup_steps",
+    reference=reference_warmup_steps,
+    rtol=0,
+    measured=True,
+    wrong_answers=[_always_one, _fixed_five, _slower_than_the_next],
+)
+def cases_warmup_steps(rng):
+    return warmup_cases(rng)

@@ -2,12 +2,12 @@
 
 A check is a case generator (``cases(rng)``, plain data drawn from a seeded ``random.Random``),
 a reference written here, out of the student's sight, and a comparison (``register_cases``).
-``demo.decode_ceilings`` shows the older one-function form; ``demo.mean_step_s`` a measured
-exercise whose cases hold a build spec for a fake clock and workload.
+``demo.mean_step_s`` is a measured exercise whose cases hold a build spec for a fake clock and
+workload. (A check that cannot be cases and a reference, because it compares something built
+from the student's function, uses ``@register``: ``ch05.mean_pool_heads`` is the one.)
 """
 
 from memwall.exercise_driver.values import build_spec
-from memwall.grading import compare_function, register
 from memwall.grading.registry import register_cases
 
 CASES_PER_CHECK = 12
@@ -64,14 +64,14 @@ def cases_matmul_intensity(rng):
     ]
 
 
-# The older form: one function that draws its cases and compares (kept as the example of it).
-@register(
+@register_cases(
     "demo.decode_ceilings",
+    reference=reference_decode_ceilings,
     wrong_answers=[
         lambda bandwidth_gb_s, model_sizes_gb: [s / bandwidth_gb_s for s in model_sizes_gb]
     ],
 )
-def check_decode_ceilings(student, rng):
+def cases_decode_ceilings(rng):
     cases = [
         dict(
             bandwidth_gb_s=rng.uniform(20, 4800),
@@ -79,7 +79,7 @@ def check_decode_ceilings(student, rng):
         )
         for _ in range(CASES_PER_CHECK)
     ]
-    return compare_function(student, reference_decode_ceilings, cases)
+    return cases
 
 
 # A measured exercise: the student's function gets a workload and a fake clock (built from plain
