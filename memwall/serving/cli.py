@@ -158,12 +158,13 @@ def run_serve(args):
         api_key=api_key,
         allowed_origins=origins,
     )
-    # The fast path falls back to the readable engine where it cannot run a step: say so.
+    # Where the fused step cannot run a step (a paged cache), the accelerated model runs the
+    # readable engine's code with this machine's kernels in its layers: say so.
     why_not = getattr(model, "fallback_reason", None) if args.fast == "on" else None
     fallback = why_not(server.loop.scheduler.cache) if callable(why_not) else None
     if fallback:
-        print(f"note: --fast on, but decode steps run on the readable engine: {fallback}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"note: --fast on: the layers run this machine's kernels, but not the fused "
+              f"decode step ({fallback})", file=sys.stderr, flush=True)  # fmt: skip
     shown_host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
     chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
     path = "fast path" if args.fast == "on" else "readable engine"
