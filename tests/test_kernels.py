@@ -611,14 +611,24 @@ def test_the_approximate_path_is_never_measured_only_pinned(monkeypatch, tmp_pat
         assert paths.choose(int8, x) == expected
 
 
-def test_a_calibration_sample_reads_more_weights_than_the_caches_hold():
-    layer = Linear(576, 960)
+@pytest.mark.parametrize("cache_mib, budget_mib", [(32, 256), (480, 256), (480, 2048)])
+def test_a_calibration_sample_overflows_the_cache_within_the_memory_budget(
+    monkeypatch, cache_mib, budget_mib
+):
+    """Twice the last-level cache of copies (64 MiB at least), but never more than the memory
+    budget allows: a cache bigger than the budget is then what the samples read from."""
+    monkeypatch.setattr(calibrate, "last_level_cache_bytes", lambda: cache_mib << 20)
+    monkeypatch.setattr(calibrate, "buffer_budget_bytes", lambda: budget_mib << 20)
+    layer, size = Linear(576, 960), 576 * 960 * 4
     copies = calibrate.copies_to_overflow(layer)
-    assert copies * 576 * 960 * 4 >= 64 << 20
-    assert (copies - 1) * 576 * 960 * 4 < max(64 << 20, 2 * calibrate.last_level_cache_bytes())
+    target = min(max(2 * cache_mib, 64), max(budget_mib, 64)) << 20
+    assert copies * size >= target > (copies - 1) * size
+    assert calibrate.copies_to_overflow(Linear(8, 8)) == calibrate.MAX_COPIES  # a toy layer: capped
+
+
+def test_the_last_level_cache_is_read_from_the_machine():
     if os.path.exists("/sys/devices/system/cpu/cpu0/cache/index0/size"):
         assert calibrate.last_level_cache_bytes() >= 1 << 20
-    assert calibrate.copies_to_overflow(Linear(8, 8)) == calibrate.MAX_COPIES  # a toy layer: capped
 
 
 def test_a_layer_bound_by_arithmetic_is_timed_over_fewer_copies():

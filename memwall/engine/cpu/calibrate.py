@@ -12,6 +12,7 @@ from memwall.engine.cpu import kernels
 from memwall.engine.cpu.build import MatmulElsewhere
 from memwall.engine.sharing import copy_with
 from memwall.machine.fingerprint import last_level_cache_bytes
+from memwall.machine.memory import buffer_budget_bytes
 
 CLEAR_WIN = 0.95  # another path replaces the fixed rule's when it takes under 0.95 of its time
 # the fast decode step runs these without Python
@@ -118,9 +119,11 @@ MAX_COPIES = 1024
 
 def copies_to_overflow(layer) -> int:
     """How many copies of `layer` fill twice the last-level cache, and no less than 64 MiB (at
-    most MAX_COPIES)."""
+    most MAX_COPIES), within the memory budget: where the budget is smaller than the cache, the
+    copies are timed from the cache (as a model that small would be read in decode)."""
     size = _weight_bytes(layer)
-    return min(MAX_COPIES, max(1, -(-max(2 * last_level_cache_bytes(), 64 << 20) // size)))
+    target = min(max(2 * last_level_cache_bytes(), 64 << 20), max(buffer_budget_bytes(), 64 << 20))
+    return min(MAX_COPIES, max(1, -(-target // size)))
 
 
 def _weight_bytes(layer) -> int:
