@@ -1,7 +1,8 @@
 """Checks for chapter 8 (speculative decoding).
 
-1. ``ch08.tokens_per_pass``: expected tokens per target pass, (1 - a^(k+1)) / (1 - a), and k + 1
-   when every guess is accepted (Leviathan et al. 2023).
+1. ``ch08.tokens_per_pass``: expected tokens per target pass when each guess position has its
+   own acceptance rate (Leviathan et al. 2023 take one rate for all; so does the package's
+   ``expected_tokens_per_pass``, which therefore does not answer this), k + 1 when all are kept.
 2. ``ch08.accept_step``: one verification step of the exact rule, made deterministic by passing
    the two uniform draws: accept the guess if u < p/q, else invert the residual's CDF at v.
 3. ``ch08.speedup``: speed-up over plain decoding from alpha, k, the draft's cost per step and
@@ -25,31 +26,56 @@ VERIFY_RTOL, VERIFY_ATOL = 0.1, 0.02
 # ---- 1. expected tokens per target pass ------------------------------------------------------
 
 
-def reference_tokens_per_pass(alpha, k):
-    # 1 + P(first guess kept) + P(first two kept) + ... = sum of alpha^i for i = 0..k
+def _tokens_per_pass(alpha, k):
+    # The same acceptance at every position: 1 + alpha + ... + alpha^k.
     if alpha >= 1:
         return float(k + 1)
     return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def reference_tokens_per_pass(alphas):
+    # The j-th guess counts only if guesses 1..j are all kept: 1 + sum over j of their product.
+    expected, all_kept = 1.0, 1.0
+    for alpha in alphas:
+        all_kept *= alpha
+        expected += all_kept
+    return expected
+
+
+def _constant_at_the_first_rate(alphas):  # the chapter's formula with alphas[0] everywhere
+    return _tokens_per_pass(alphas[0], len(alphas))
+
+
+def _forgets_the_target_token(alphas):
+    return reference_tokens_per_pass(alphas) - 1
+
+
+def _independent_guesses(alphas):  # each guess counted on its own, not only after the others
+    return 1 + sum(alphas)
+
+
+def acceptance_rates(rng, k):
+    """Per-position acceptance rates: a draft that agrees less the further it guesses."""
+    first, decay = rng.uniform(0.3, 1.0), rng.uniform(0.6, 1.0)
+    return [min(1.0, first * decay**position) for position in range(k)]
 
 
 @register_cases(
     "ch08.tokens_per_pass",
     reference=reference_tokens_per_pass,
     rtol=1e-09,
-    wrong_answers=[
-        lambda alpha, k: (1 - alpha**k) / (1 - alpha) if alpha < 1 else float(k),
-        lambda alpha, k: 1 + alpha * k,
-    ],
+    wrong_answers=[_constant_at_the_first_rate, _forgets_the_target_token, _independent_guesses],
 )
 def cases_tokens_per_pass(rng):
     cases = [
-        dict(alpha=rng.uniform(0, 0.99), k=rng.randint(1, MAX_K))
-        for _ in range(CASES_PER_CHECK - 3)
+        dict(alphas=acceptance_rates(rng, rng.randint(2, MAX_K)))
+        for _ in range(CASES_PER_CHECK - 4)
     ]
     cases += [
-        dict(alpha=0.0, k=rng.randint(1, MAX_K)),
-        dict(alpha=1.0, k=rng.randint(1, MAX_K)),
-        dict(alpha=0.5, k=1),
+        dict(alphas=[rng.uniform(0, 1) for _ in range(rng.randint(2, MAX_K))]),
+        dict(alphas=[0.0] * rng.randint(1, MAX_K)),
+        dict(alphas=[1.0] * rng.randint(1, MAX_K)),
+        dict(alphas=[0.5]),
     ]
     return cases
 
@@ -142,7 +168,7 @@ def reference_speedup(alpha, k, draft_cost, verify_cost_per_token):
     # One round: k draft steps, then one verify pass over k + 1 tokens that costs a decode step
     # plus verify_cost_per_token for each guess. Time unit: one plain decode step (one token).
     round_cost = k * draft_cost + 1 + k * verify_cost_per_token
-    return reference_tokens_per_pass(alpha, k) / round_cost
+    return _tokens_per_pass(alpha, k) / round_cost
 
 
 @register_cases(
@@ -151,10 +177,10 @@ def reference_speedup(alpha, k, draft_cost, verify_cost_per_token):
     rtol=1e-09,
     wrong_answers=[
         lambda alpha, k, draft_cost, verify_cost_per_token: (
-            reference_tokens_per_pass(alpha, k) / (k * draft_cost + 1)
+            _tokens_per_pass(alpha, k) / (k * draft_cost + 1)
         ),
         lambda alpha, k, draft_cost, verify_cost_per_token: (
-            reference_tokens_per_pass(alpha, k) / (1 + k * verify_cost_per_token)
+            _tokens_per_pass(alpha, k) / (1 + k * verify_cost_per_token)
         ),
     ],
 )
