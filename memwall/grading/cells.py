@@ -17,7 +17,7 @@ BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
 
 # An exercise cell and its check cell usually share one id, e.g. "ch01.ttft":
-# the prefix names the check module (memwall/grading/checks/ch01.py).
+# the prefix names the check module of the answer key (solutions/checks/ch01.py).
 EXERCISE_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
 
 
