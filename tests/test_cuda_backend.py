@@ -100,6 +100,20 @@ def test_other_caches_go_to_the_readable_model(tiny_engine, fast):
     assert fast.n_layers == tiny_engine.n_layers  # attributes pass through to the readable model
 
 
+def test_a_dropped_caches_buffers_are_reused_zeroed_and_a_live_ones_never(fast):
+    first = fast.new_cache(batch=3, max_tokens=16)
+    address = first.layer_keys[0].data_ptr()
+    first.layer_values[1].fill_(7.0)
+    del first
+    second = fast.new_cache(batch=3, max_tokens=16)  # a graph recorded on them replays as it is
+    assert second.layer_keys[0].data_ptr() == address and second.layer_values[1].abs().sum() == 0
+    third = fast.new_cache(batch=3, max_tokens=16)  # `second` is alive: buffers of its own
+    assert {third.layer_keys[0].data_ptr(), third.layer_values[1].data_ptr()}.isdisjoint(
+        {t.data_ptr() for t in (*second.layer_keys, *second.layer_values)}
+    )
+    assert third.nbytes == 2 * fast.n_layers * 3 * fast.n_kv_heads * 16 * fast.head_dim * 4
+
+
 def test_bad_calls_are_refused_clearly(fast):
     cache = fast.new_cache(batch=1, max_tokens=4)
     with torch.inference_mode(), pytest.raises(ValueError, match="KV cache is full"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memwall import models
-from memwall.engine import Sampling, Transformer, generate
+from memwall.engine import Sampling, Transformer, cast_copy, generate
 from memwall.engine.drafts import (
     ModelDraft,
     PromptLookupDraft,
@@ -107,6 +107,53 @@ def test_separate_draft_model_of_another_size_is_exact_and_seeded(tiny_engine, s
     )
     assert a.tokens == b.tokens and len(a.tokens) == 25
     assert 0 <= a.accepted <= a.proposed and a.target_passes == len(a.tokens_per_pass)
+
+
+def test_a_verify_pass_differs_from_single_steps_by_rounding_only():
+    """Why greedy speculative output is exact in fp32 and may differ in bf16: a verify pass over
+    k+1 tokens sums the same products in another order than k+1 single steps. In fp32 that moves
+    the logits by about 1e-7 of their size, so greedy tokens agree (unless two logits tie to
+    that precision); in bf16 by about one bf16 step, so where the top two logits are that close
+    the argmax can flip, and only there."""
+    k = 4
+    for dtype in (torch.float32, torch.bfloat16):
+        model = random_engine(2, 64, seed=21, scale=1.0, max_context=256)  # realistic near-ties
+        model = cast_copy(model, dtype)
+        sequence = torch.randint(0, 256, (1, 8 + 30 * (k + 1)), generator=_seeded(3))
+        singles, passes = (
+            model.new_cache(1, sequence.shape[1]),
+            model.new_cache(1, sequence.shape[1]),
+        )
+        with torch.inference_mode():
+            model(sequence[:, :8], singles), model(sequence[:, :8], passes)
+            one = torch.cat(
+                [model(sequence[:, [t]], singles)[0] for t in range(8, sequence.shape[1])]
+            )
+            chunked = torch.cat(
+                [
+                    model(sequence[:, t : t + k + 1], passes)[0]
+                    for t in range(8, sequence.shape[1], k + 1)
+                ]
+            )
+        one, chunked = one.float(), chunked.float()
+        scale = one.abs().max()
+        step = 2.0**-7 * scale if dtype == torch.bfloat16 else 2.0**-20 * scale  # one rounding step
+        assert (one - chunked).abs().max() <= 2 * step
+        top2 = one.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        flipped = one.argmax(-1) != chunked.argmax(-1)
+        assert (margin[flipped] <= 2 * step).all()  # flips happen at near-ties only
+        if dtype == torch.bfloat16:
+            assert (one - chunked).abs().max() > 0  # the orders differ, and bf16 shows it
+        else:
+            assert not flipped.any()
+            plain = generate(model, PROMPT, 60).tokens
+            for draft in (SelfDraft(model, 1), PromptLookupDraft(ngram=2)):
+                assert speculative_generate(model, draft, PROMPT, 60, k=k).tokens == plain
+
+
+def _seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.slow

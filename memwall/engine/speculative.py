@@ -18,6 +18,16 @@ Why it is exact: P(emit x) = q(x) min(1, p/q) + P(reject) residual(x) = min(p, q
 (1 - sum min(p, q)) * max(0, p - q)(x) / sum max(0, p - q), and since sum max(0, p - q) =
 1 - sum min(p, q), that is min(p, q) + max(0, p - q) = p(x). Greedy decoding is the same rule with
 point masses: a guess survives iff it equals the target's argmax, and the replacement is the argmax.
+
+Exact in what arithmetic: the argument above is about the target's distribution, and holds
+exactly when a verify pass computes the same logits as single steps. In exact arithmetic it does.
+In floating point a pass over k+1 tokens adds up the same products in another order (other matmul
+blockings, another attention kernel), so its logits differ from single steps' by rounding: about
+1e-7 of their size in fp32, about one bf16 step (2^-8 of their size) in bf16. Greedy output is
+therefore identical to plain greedy decoding in fp32 unless two top logits tie to within about
+1e-7; in bf16 or fp16 the argmax can flip where the top two logits are within a rounding step or
+two of each other, and the text then continues differently from there. That is rounding, not a
+broken acceptance rule: each flip sits at such a near-tie (tests/test_speculative.py measures it).
 """
 
 from __future__ import annotations
@@ -125,8 +135,9 @@ def speculative_generate(
 
     Greedy (temperature 0) gives the target's own greedy tokens; sampling gives tokens distributed
     exactly as the target's, provided `acceptance` is the exact rule (tests pass broken ones).
-    "Own greedy tokens" up to float rounding: a (k+1)-token pass adds up the same products in another
-    order than a one-token step, so two logits tied to the last bit could be ordered differently.
+    "Own greedy tokens" up to float rounding (module docstring): identical in fp32 except at
+    logits tied to about 1e-7; in bf16 a near-tie (within a rounding step) may be broken the other
+    way, after which the two texts differ.
     """
     device = next(target.parameters()).device
     context = [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1).tolist()]

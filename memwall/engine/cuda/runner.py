@@ -18,6 +18,7 @@ The same code runs on a CPU under `torch.compile` (no graphs there): that is how
 from __future__ import annotations
 
 import bisect
+import weakref
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from memwall.engine.cuda.step import forward_static, pad_rows, widen_mask
 
 # Batch sizes with a graph of their own; a batch in between runs padded to the next one up.
 BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))
+POOLED_SHAPES = 4  # cache shapes whose buffers are kept for reuse once their cache is dropped
 
 
 def padded_rows(batch: int) -> int:
@@ -60,6 +62,7 @@ class CompiledDecoder(nn.Module):
         self.register_buffer(
             "_slots", torch.arange(model.max_positions, device=device), persistent=False
         )
+        self._pool = {}  # (rows, max_tokens, dtype) -> (buffers, weak reference to their cache)
 
     def __getattr__(self, name):
         try:
@@ -68,17 +71,33 @@ class CompiledDecoder(nn.Module):
             return getattr(self.model, name)
 
     def new_cache(self, batch: int = 1, max_tokens: int | None = None, dtype=None):
+        """A `StaticKVCache` for `batch` sequences. The buffers of a dropped cache of the same
+        shape are reused, so a graph recorded on them replays without being recorded again."""
         parameter = next(self.model.parameters())
-        return StaticKVCache(
+        max_tokens = max_tokens or self.model.max_positions
+        dtype = dtype or self.model.embed.weight.dtype
+        rows = padded_rows(batch)
+        key = (rows, max_tokens, dtype)
+        free = self._pool.get(key)
+        buffers = free[0] if free is not None and free[1]() is None else None
+        cache = StaticKVCache(
             self.model.n_layers,
             batch,
-            max_tokens or self.model.max_positions,
+            max_tokens,
             self.model.n_kv_heads,
             self.model.head_dim,
-            dtype or self.model.embed.weight.dtype,
+            dtype,
             parameter.device,
-            rows=padded_rows(batch),
+            rows=rows,
+            buffers=buffers,
         )
+        # Remember the newest few shapes (a batch sweep, a decode benchmark's requests); older
+        # buffers are let go, so that GPU memory is not held for shapes no longer used.
+        self._pool.pop(key, None)
+        self._pool[key] = ((cache.layer_keys, cache.layer_values), weakref.ref(cache))
+        while len(self._pool) > POOLED_SHAPES:
+            self._pool.pop(next(iter(self._pool)))
+        return cache
 
     def fallback_reason(self, cache) -> str | None:
         """Why steps on `cache` go to the readable model; None when they run compiled."""

@@ -29,28 +29,45 @@ class StaticKVCache:
         dtype=torch.float32,
         device="cpu",
         rows: int | None = None,
+        buffers: tuple[list, list] | None = None,
     ):
         rows = batch if rows is None else rows
         if min(n_layers, batch, max_tokens, n_kv_heads, head_dim) <= 0 or rows < batch:
             raise ValueError("StaticKVCache sizes must all be positive, and rows >= batch")
         shape = (rows, n_kv_heads, max_tokens, head_dim)
+        if buffers is not None:
+            # A dropped cache's buffers, at the addresses a graph was recorded on: replaying it
+            # needs no new recording. Zeroed, so no value of the last request can leak in.
+            self.layer_keys, self.layer_values = buffers
+            if self.layer_keys[0].shape != shape or self.dtype != dtype:
+                raise ValueError("the buffers to reuse have another shape or dtype")
+            for buffer in (*self.layer_keys, *self.layer_values):
+                buffer.zero_()
+        else:
+            self.layer_keys, self.layer_values = self._allocate(n_layers, shape, dtype, device)
+        self.batch, self.rows, self.max_tokens = batch, rows, max_tokens
+        self.length = 0  # tokens stored in every sequence
+
+    @staticmethod
+    def _allocate(n_layers, shape, dtype, device):
         # One tensor per layer, not one for all: a compiled step that writes into a slice of one
         # big input is turned into a copy of all of it (a functional update), one per layer and
         # step; a whole tensor written in place stays in place.
-        self.layer_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.layer_values = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)
-        ]
-        for buffer in (*self.layer_keys, *self.layer_values):
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        for buffer in (*keys, *values):
             # Their addresses are part of a captured graph: marked so that the compiler treats
             # them as fixed buffers it may write in place (like a module's parameters), not as
-            # fresh inputs to copy in. A new cache at new addresses makes the graph be recorded
+            # fresh inputs to copy in. A cache at new addresses makes the graph be recorded
             # again, which is cheap; it is not compiled again.
             torch._dynamo.mark_static_address(buffer)
             # Caches of other lengths reuse the compiled step (one compile, not one per request).
             torch._dynamo.maybe_mark_dynamic(buffer, 2)
-        self.batch, self.rows, self.max_tokens = batch, rows, max_tokens
-        self.length = 0  # tokens stored in every sequence
+        return keys, values
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layer_keys[0].dtype
 
     def rollback(self, length: int) -> None:
         """Forget everything after `length` tokens (e.g. rejected speculative tokens): the slots
