@@ -154,12 +154,14 @@ def roof_problem(
     return None
 
 
-def disturbed(*problems: str | None) -> str | None:
-    """The one line that replaces a verdict when any check found a problem (None otherwise)."""
+def disturbed(*problems: str | None, most: int = 3) -> str | None:
+    """The one line that replaces a verdict when any check found a problem (None otherwise);
+    it names the first `most` problems and counts the rest."""
     found = [p for p in problems if p]
     if not found:
         return None
-    return f"this run was disturbed: {'; '.join(found)}; rerun on a quiet machine"
+    named = found[:most] + ([f"{len(found) - most} more"] if len(found) > most else [])
+    return f"this run was disturbed: {'; '.join(named)}; rerun on a quiet machine"
 
 
 def wrap(text: str, width: int = COLUMN, indent: str = "  ") -> str:

@@ -92,6 +92,8 @@ def test_the_verdict_is_replaced_by_one_disturbed_line():
     assert disturbed(None, "") is None
     both = disturbed("a", "b")
     assert both == "this run was disturbed: a; b; rerun on a quiet machine"
+    many = disturbed("a", None, "b", "c", "d", "e")
+    assert many == "this run was disturbed: a; b; c; 2 more; rerun on a quiet machine"
 
 
 def test_printed_lines_fit_the_column():
