@@ -168,11 +168,11 @@ def memory_level_roofs(measurement, levels=None) -> list[tuple[str, Hardware]]:
     reach DRAM, the one roof is the cache's and its label says so. `levels` defaults to this
     CPU's cache levels (they only name the cache: "L3")."""
     levels = cache_levels() if levels is None else levels
-    cache_name = f"last-level cache ({levels[-1].name})" if levels else "last-level cache"
+    cache_name = f"{levels[-1].name} cache" if levels else "last-level cache"
     base = measurement.as_hardware()
     if measurement.memory_level != DRAM:
-        return [(f"{cache_name}, measured (DRAM out of reach here)", base)]
-    roofs = [("DRAM, measured", base)]
+        return [(f"{cache_name} (measured; DRAM out of reach)", base)]
+    roofs = [("DRAM (measured)", base)]
     if measurement.cache_bandwidth and measurement.cache_bandwidth > measurement.bandwidth:
         cache = Hardware(
             f"{base.name}-cache",
@@ -181,7 +181,7 @@ def memory_level_roofs(measurement, levels=None) -> list[tuple[str, Hardware]]:
             base.memory_bytes,
             f"the last-level cache's read bandwidth; {base.note}",
         )
-        roofs.append((f"{cache_name}, measured", cache))
+        roofs.append((f"{cache_name} (measured)", cache))
     return roofs
 
 

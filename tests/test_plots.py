@@ -143,7 +143,7 @@ def test_memory_level_roofs_draw_the_cache_beside_dram(ax):
 
     levels = (CacheLevel(2, 2**21, 1), CacheLevel(3, 480 * 2**20, 2))
     roofs = memory_level_roofs(_measurement(), levels)
-    assert [label for label, _ in roofs] == ["DRAM, measured", "last-level cache (L3), measured"]
+    assert [label for label, _ in roofs] == ["DRAM (measured)", "L3 cache (measured)"]
     assert [hw.memory_bandwidth for _, hw in roofs] == [30e9, 120e9]
     assert all(hw.peak_flops == {"fp32": 300e9} for _, hw in roofs)
     drawn = roofline(ax, [hw for _, hw in roofs], dtype="fp32", labels=[s for s, _ in roofs])
