@@ -168,3 +168,17 @@ def test_every_solution_passes_its_practice_cases_without_the_key(
     passed = [line for line in lines if "practice cases passed" in line]
     assert len(passed) >= len(lines) - 1, lines  # at most one check without practice cases
     assert all(line in passed or "no practice cases here" in line for line in lines), lines
+
+
+def test_the_grader_flags_a_pasted_solution_body_with_renamed_variables():
+    from memwall.grading.grader import SolutionBook
+
+    book = SolutionBook(REPO / "solutions")
+    book.find_key()
+    body = next(b for stem, b in solution_bodies() if stem == "06_batching" and "min(free)" in b)
+    pasted = "def block_tables(events, n_blocks, block_size):\n" + textwrap.indent(
+        body.replace("free", "spare").replace("lengths", "sizes"), "    "
+    )
+    assert "block_tables matches the answer key's" in " ".join(
+        copied_flags([pasted], book.key_prints())
+    )
