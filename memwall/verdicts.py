@@ -80,7 +80,7 @@ def spread_problem(
         return None
     ratio = spread(samples)
     if ratio > bound:
-        return f"{what} varied {ratio:.1f}x from p10 to p90 (at most {bound:.1f}x expected)"
+        return f"{what} spread {ratio:.1f}x (p90/p10 above {bound:.1f}x)"
     return None
 
 
