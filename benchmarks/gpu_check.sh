@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# GPU check, under 5 minutes on a datacenter GPU: memwall's engine against transformers on CUDA,
-# then batch-1 decode of a Llama-3-8B-shaped random-weight model in bf16 next to the measured
-# bandwidth ceiling. Prints a markdown table; writes a record (default
-# benchmarks/results/gpu_check-<machine id>-<date>.json).
-#   benchmarks/gpu_check.sh [--out FILE] [--new-tokens N] [--repeats N] [--model SPEC]
-# Exits 1 at once, saying why, when torch sees no CUDA GPU.
+# GPU check in one call of a few minutes (benchmarks/gpu_check.py says what it measures): the
+# compiled CUDA path against the readable engine and transformers, batch-1 decode of a
+# Llama-3-8B shape in bf16/int8/int4 next to the measured copy bandwidth, batch 1..256 against
+# the cost model, transformers' eager and static-cache compiled generate as peers, and the
+# chapters on CUDA where a Jupyter stack is installed. Needs only torch and transformers (and
+# triton, for torch.compile); every model has random weights. Prints a markdown table and writes
+# benchmarks/results/gpu_check-<machine id>-<date>.json as it goes.
+#   benchmarks/gpu_check.sh [--results-dir DIR] [--budget-s S] [--new-tokens N] [--repeats N]
+#                           [--model SPEC] [--no-record] [--allow-cpu]
+# Exits 1 at once, saying why, when there is no NVIDIA GPU (unless --allow-cpu: a dry run with
+# tiny shapes); exits 1 at the end when a correctness check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Fail at once where there is plainly no NVIDIA GPU (no driver tool, no device node).
@@ -13,4 +18,5 @@ if [[ " $* " != *" --allow-cpu "* ]] && ! command -v nvidia-smi >/dev/null && ! 
     exit 1
 fi
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-exec "$PYTHON" benchmarks/gpu_check.py "$@"
+# Output as it happens, so a run cut short still shows how far it got.
+PYTHONUNBUFFERED=1 exec "$PYTHON" benchmarks/gpu_check.py "$@"

@@ -55,6 +55,10 @@ class CompiledDecoder(nn.Module):
         # CUDA graphs exist only on CUDA; elsewhere the plain compiled code is what there is.
         mode = mode if device.type == "cuda" else None
         _allow_recompiles()
+        for tensor in (*model.parameters(), *model.buffers()):
+            # Weights keep their shapes: never let the compiler generalise them to symbolic sizes
+            # because another model of other shapes was compiled before (slower kernels).
+            torch._dynamo.mark_static(tensor)
         options = {"fullgraph": True, "mode": mode, **({"backend": backend} if backend else {})}
         self._compiled_step = torch.compile(forward_static, **options)
         self.compile_mode, self.graphs = mode, device.type == "cuda" and mode == "reduce-overhead"
@@ -125,9 +129,7 @@ class CompiledDecoder(nn.Module):
                 "(max_tokens) or use a shorter prompt."
             )
         rows, slots = cache.rows, self._slots[start:end]
-        if positions is None:
-            positions = slots[None].expand(rows, new)  # a view: no kernel launched
-        else:
+        if positions is not None:
             positions = pad_rows(positions.reshape(-1, new).expand(batch, new), rows).contiguous()
         if mask is not None:
             mask = widen_mask(mask.to(torch.bool), batch, rows, new, cache.max_tokens)

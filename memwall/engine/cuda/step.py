@@ -38,16 +38,16 @@ def attend_slots(q, keys, values, visible):
 def forward_static(
     model,
     tokens: torch.Tensor,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     slots: torch.Tensor,
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
     extra_mask: torch.Tensor | None = None,
     last_only: bool = False,
 ) -> torch.Tensor:
-    """tokens [rows, T] at rotary `positions` [rows, T], written to cache `slots` [T] of
-    keys/values (one [rows, kv_heads, max_tokens, head_dim] tensor per layer) -> logits [rows,
-    T (or 1), vocab].
+    """tokens [rows, T] at rotary `positions` [rows, T] (None: the slots' numbers), written to
+    cache `slots` [T] of keys/values (one [rows, kv_heads, max_tokens, head_dim] tensor per
+    layer) -> logits [rows, T (or 1), vocab].
 
     A new token sees the slots up to its own (causal within the T new tokens); `extra_mask`
     [rows, 1, T, max_tokens] (False hides a slot) narrows that further, e.g. for left padding.
@@ -58,6 +58,8 @@ def forward_static(
     visible = visible[None, None]
     if extra_mask is not None:
         visible = visible & extra_mask
+    if positions is None:  # made here, inside the graph: no tensor built per step outside it
+        positions = slots[None].expand(rows, new)
     x = model.embed(tokens)
     cos = model.rotary.cos[positions].to(x.dtype)[:, None]  # [rows, 1, T, head_dim]
     sin = model.rotary.sin[positions].to(x.dtype)[:, None]
