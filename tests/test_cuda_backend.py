@@ -114,6 +114,21 @@ def test_a_dropped_caches_buffers_are_reused_zeroed_and_a_live_ones_never(fast):
     assert third.nbytes == 2 * fast.n_layers * 3 * fast.n_kv_heads * 16 * fast.head_dim * 4
 
 
+def test_a_step_the_compiler_cannot_build_runs_uncompiled_and_says_why(tiny_engine):
+    class NoCompiler(torch._dynamo.exc.TorchDynamoException):
+        pass
+
+    def failing(*arguments):
+        raise NoCompiler("no Triton here")
+
+    fast = compiled(tiny_engine)
+    fast._compiled_step = failing  # what a machine without a working compiler would do
+    with pytest.warns(RuntimeWarning, match="no Triton here"):
+        tokens = generate(fast, PROMPT, 8).tokens
+    assert tokens == generate(tiny_engine, PROMPT, 8).tokens
+    assert "no Triton here" in fast.compile_failure
+
+
 def test_bad_calls_are_refused_clearly(fast):
     cache = fast.new_cache(batch=1, max_tokens=4)
     with torch.inference_mode(), pytest.raises(ValueError, match="KV cache is full"):

@@ -18,6 +18,8 @@ The same code runs on a CPU under `torch.compile` (no graphs there): that is how
 from __future__ import annotations
 
 import bisect
+import functools
+import warnings
 import weakref
 
 import torch
@@ -35,6 +37,14 @@ def padded_rows(batch: int) -> int:
     """The captured batch size that a batch of `batch` sequences runs at."""
     index = bisect.bisect_left(BATCH_SIZES, batch)
     return BATCH_SIZES[index] if index < len(BATCH_SIZES) else batch
+
+
+@functools.cache
+def compiled_step(mode: str | None, backend: str | None):
+    """`forward_static` compiled with these options: one per process, shared by every model, so
+    that a second wrapper over the same model finds the first one's compiled code."""
+    options = {"fullgraph": True, "mode": mode, **({"backend": backend} if backend else {})}
+    return torch.compile(forward_static, **options)
 
 
 def _allow_recompiles(limit: int = 64) -> None:
@@ -59,9 +69,9 @@ class CompiledDecoder(nn.Module):
             # Weights keep their shapes: never let the compiler generalise them to symbolic sizes
             # because another model of other shapes was compiled before (slower kernels).
             torch._dynamo.mark_static(tensor)
-        options = {"fullgraph": True, "mode": mode, **({"backend": backend} if backend else {})}
-        self._compiled_step = torch.compile(forward_static, **options)
+        self._compiled_step = compiled_step(mode, backend)
         self.compile_mode, self.graphs = mode, device.type == "cuda" and mode == "reduce-overhead"
+        self.compile_failure = None  # why the step runs uncompiled, if compiling it failed
         # Slot numbers as views into one tensor made once: a decode step then builds no tensor.
         self.register_buffer(
             "_slots", torch.arange(model.max_positions, device=device), persistent=False
@@ -134,11 +144,30 @@ class CompiledDecoder(nn.Module):
         if mask is not None:
             mask = widen_mask(mask.to(torch.bool), batch, rows, new, cache.max_tokens)
         tokens = pad_rows(tokens, rows)
-        step = self._compiled_step if new == 1 else forward_static
-        if step is self._compiled_step and self.graphs:
-            # Each replay overwrites the last one's outputs; the logits are copied out below.
-            torch.compiler.cudagraph_mark_step_begin()
-        kv = (cache.layer_keys, cache.layer_values)
-        logits = step(self.model, tokens, positions, slots, *kv, mask, last_only)
+        arguments = (self.model, tokens, positions, slots, cache.layer_keys, cache.layer_values,
+                     mask, last_only)  # fmt: skip
+        if new == 1 and self.compile_failure is None:
+            logits = self._run_compiled(arguments)
+        else:
+            logits = forward_static(*arguments)
         cache.length = end
         return logits[:batch].clone()
+
+    def _run_compiled(self, arguments):
+        if self.graphs:
+            # Each replay overwrites the last one's outputs; the logits are copied out by forward.
+            torch.compiler.cudagraph_mark_step_begin()
+        try:
+            return self._compiled_step(*arguments)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            # The compiler could not build the step here (an unsupported op, a missing Triton):
+            # the same step runs uncompiled, correct and slower, and says why. Errors while
+            # running (out of memory, say) are not caught: they are the caller's to see.
+            self.compile_failure = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            warnings.warn(
+                f"memwall: the compiled decode step failed to build ({self.compile_failure}); "
+                "running it uncompiled",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return forward_static(*arguments)
