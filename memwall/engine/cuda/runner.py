@@ -4,8 +4,8 @@ On a GPU a decode step of the readable engine is hundreds of small kernels, each
 Python; for a model that fits in one GPU the launches take longer than the kernels (chapter 2's
 overhead-bound regime). `torch.compile(mode="reduce-overhead", fullgraph=True)` traces
 `step.forward_static` into a few fused kernels (the quantized layers' dequantization fused into
-their products) and records them as a CUDA graph, which the GPU replays for each token at the cost
-of one launch. A graph has fixed shapes, so batches are padded up to the next of a few captured
+their products; `compiled_step` says how) and records them as a CUDA graph, which the GPU replays
+for each token at the cost of one launch. A graph has fixed shapes, so batches are padded up to the next of a few captured
 sizes (`BATCH_SIZES`, as nano-vllm does), and the cache is a `StaticKVCache`.
 
 Prefill and speculative verify passes (several new tokens) run `forward_static` eagerly: one pass
@@ -40,9 +40,19 @@ def padded_rows(batch: int) -> int:
 
 
 @functools.cache
-def compiled_step(mode: str | None, backend: str | None):
-    """`forward_static` compiled with these options: one per process, shared by every model, so
-    that a second wrapper over the same model finds the first one's compiled code."""
+def compiled_step(device_type: str, mode: str | None, backend: str | None):
+    """`forward_static` compiled for a device: one per process, shared by every model, so that a
+    second wrapper over the same model finds the first one's compiled code.
+
+    On a GPU, `mode`'s options plus coordinate-descent tuning: with it the compiler writes a
+    one-row product as a multiply and a sum of its own, into which it fuses the int8 layers'
+    cast of the codes, so that the product reads the 1-byte codes and never writes out a 2-byte
+    copy of the weights (gpt-fast's recipe). Without it a one-row product is a library call fed
+    by a separate dequantizing kernel, and int8 is slower than bf16."""
+    if backend is None and device_type == "cuda":
+        mode_options = torch._inductor.list_mode_options(mode) if mode else {}
+        options = {**mode_options, "coordinate_descent_tuning": True}
+        return torch.compile(forward_static, fullgraph=True, options=options)
     options = {"fullgraph": True, "mode": mode, **({"backend": backend} if backend else {})}
     return torch.compile(forward_static, **options)
 
@@ -69,7 +79,7 @@ class CompiledDecoder(nn.Module):
             # Weights keep their shapes: never let the compiler generalise them to symbolic sizes
             # because another model of other shapes was compiled before (slower kernels).
             torch._dynamo.mark_static(tensor)
-        self._compiled_step = compiled_step(mode, backend)
+        self._compiled_step = compiled_step(device.type, mode, backend)
         self.compile_mode, self.graphs = mode, device.type == "cuda" and mode == "reduce-overhead"
         self.compile_failure = None  # why the step runs uncompiled, if compiling it failed
         # Slot numbers as views into one tensor made once: a decode step then builds no tensor.
