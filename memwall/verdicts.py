@@ -51,11 +51,11 @@ def _positive(name: str, value: float) -> None:
 
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
-    if not samples:
+    ordered = sorted(float(x) for x in samples)  # a list, a tuple or a numpy array
+    if not ordered:
         raise ValueError("percentile of no samples.")
     if not 0 <= q <= 100:
         raise ValueError(f"q must be between 0 and 100, got {q!r}.")
-    ordered = sorted(samples)
     position = (len(ordered) - 1) * q / 100
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
@@ -66,7 +66,7 @@ def spread(samples: Sequence[float]) -> float:
     """p90 / p10 of repeated timings: 1.0 for a machine that gave the same time every repeat."""
     low = percentile(samples, 10)
     if not low > 0:
-        raise ValueError(f"timings must be positive, got {min(samples)!r}.")
+        raise ValueError(f"timings must be positive, got {float(min(samples))!r}.")
     return percentile(samples, 90) / low
 
 
@@ -90,7 +90,7 @@ def stall_problem(
     """A bandwidth probe (bytes/s) below `share` of the median of the run's probes: whatever
     was measured next to it ran during a stall, and a roof taken then is too low."""
     _positive("probe", probe)
-    if not probes:
+    if len(probes) == 0:
         return None
     middle = percentile(probes, 50)
     if probe < share * middle:

@@ -1,6 +1,7 @@
 """memwall.verdicts: a disturbed or impossible run never reaches a verdict, and comparisons are
 two-sided."""
 
+import numpy as np
 import pytest
 
 from memwall import verdicts
@@ -47,6 +48,9 @@ def test_a_quiet_set_of_timings_passes_and_a_busy_one_does_not():
     problem = spread_problem(busy, what="the decode steps")
     assert problem.startswith("the decode steps spread")
     assert "above 1.5x" in problem
+    # a numpy array, as chapters hold their timings, is judged the same way
+    assert spread_problem(np.array(busy)) == spread_problem(busy)
+    assert spread(np.array(quiet)) == pytest.approx(spread(quiet))
     # two samples cannot show a spread: not judged, rather than judged wrongly
     assert spread_problem([1.0, 100.0]) is None
 
@@ -56,6 +60,7 @@ def test_a_probe_far_below_the_median_is_a_stall():
     assert "8.5 GB/s" in stall_problem(8.5 * GB, probes)
     assert stall_problem(29.6 * GB, probes) is None
     assert stall_problem(8.5 * GB, []) is None  # nothing to compare with
+    assert stall_problem(8.5 * GB, np.array(probes)) == stall_problem(8.5 * GB, probes)
 
 
 def test_threads_that_slow_the_work_down_mean_a_busy_core():
