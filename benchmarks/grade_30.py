@@ -21,10 +21,11 @@ from pathlib import Path
 
 import nbformat
 
-from memwall.grading import grade, make_student_copy
+from memwall.grading import grade
 from memwall.grading.sandbox import bwrap_path
 from memwall.grading.sync import notebooks_in, read_notebook
 from memwall.machine.fingerprint import machine_fingerprint
+from memwall.notebooks import student_copy
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SOLUTIONS = REPO / "tests" / "fixtures" / "grading" / "solutions"
@@ -41,10 +42,10 @@ def make_class(folder: Path, solutions: Path, chapter: str) -> list:
     """Write the class; return the expected total of each student, in order."""
     path = next(p for p in notebooks_in(solutions) if p.stem == chapter)
     solution = read_notebook(path)
-    blank = make_student_copy(solution, f"{chapter}.ipynb")
+    blank = student_copy(path, solution)[0]  # as `memwall notebooks` makes it
     kinds = [solution, blank]
     if chapter == DEMO_CHAPTER:
-        wrong = make_student_copy(solution, f"{chapter}.ipynb")
+        wrong = student_copy(path, solution)[0]
         for cell in wrong.cells:
             cell.source = WRONG_BODIES.get(cell.get("id"), cell.source)
         kinds.append(wrong)

@@ -130,10 +130,10 @@ def student_copy(path: Path, solution) -> tuple:
     drift tests): the answers blanked, the widgets pointed at recorded curves. Returns the
     notebook and the data files it reads (relative path -> text)."""
     student = make_student_copy(solution, Path(path).name)
-    return student, widget_curves(Path(path).parent / "checks", solution, student)
+    return student, widget_curves(Path(path).parent / "checks", solution, student, Path(path).stem)
 
 
-def widget_curves(key, solution, student) -> dict:
+def widget_curves(key, solution, student, notebook: str) -> dict:
     """Record the reference curves of a solution's widgets (widgets/recorded.py) and point the
     student copy's widget cells at them; relative path -> JSON text."""
     from memwall.grading.answer_key import use_key
@@ -146,12 +146,11 @@ def widget_curves(key, solution, student) -> dict:
     curves = record_curves(solution)
     for cell in student.cells:
         if cell.cell_type == "code" and cell.get("id") in curves:
-            cell.source = student_widget_source(cell.source, cell.id)
+            cell.source = student_widget_source(cell.source, cell.id, notebook)
     if not curves:
         return {}
     folder = CURVES_DIR.relative_to(Path(__file__).resolve().parent.parent)
-    chapter = next(iter(curves))[1:3]
-    return {f"{folder}/{chapter}.json": json.dumps(curves, separators=(",", ":")) + "\n"}
+    return {f"{folder}/{notebook}.json": json.dumps(curves, separators=(",", ":")) + "\n"}
 
 
 def _key_or_found(key: Path):
@@ -172,10 +171,9 @@ def practice_data(root: Path) -> dict:
         return {}
     use_key(key)
     names = {}
-    for path in source_paths(root / "solutions"):
-        for cell in read_source(path, DEFAULT_REPOSITORY).cells:
-            if check_name(cell):
-                names.setdefault(check_name(cell).split(".", 1)[0], []).append(check_name(cell))
+    for module in sorted(key.glob("*.py")):  # every check of the key, the demo's included
+        if module.stem != "__init__":
+            names[module.stem] = checks_in_key_module(module.stem)
     folder = EXPECTED_DIR.relative_to(Path(__file__).resolve().parent.parent)
     return {
         f"{folder}/{prefix}.json": json.dumps(
@@ -184,6 +182,14 @@ def practice_data(root: Path) -> dict:
         + "\n"
         for prefix, chapter in sorted(names.items())
     }
+
+
+def checks_in_key_module(prefix: str) -> list:
+    from memwall.grading.answer_key import import_key_module
+    from memwall.grading.registry import registered_names
+
+    import_key_module(prefix)
+    return registered_names(prefix)
 
 
 def write_notebooks(root: Path | str = ".", check: bool = False) -> list:

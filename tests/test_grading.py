@@ -16,9 +16,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from memwall.grading import grade, make_student_copy
+from memwall.grading import grade
 from memwall.grading.cells import check_cells
 from memwall.grading.execute import run_notebook_once
+from memwall.notebooks import student_copy
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,7 @@ def solution():
 
 
 def blank():
-    return make_student_copy(solution(), f"{CHAPTER}.ipynb")
+    return student_copy(SOLUTIONS / f"{CHAPTER}.ipynb", solution())[0]  # the one generator
 
 
 def answered(**sources):

@@ -87,13 +87,13 @@ def test_recorded_curves_cover_every_student_widget():
         for cell in json.loads(path.read_text())["cells"]:
             source = "".join(cell["source"])
             assert "key_module" not in source and "answer_key" not in source, path
-            cells += re.findall(r'recorded_curves\("([\w-]+)"\)', source)
+            cells += re.findall(r'recorded_curves\("([\w-]+)", "(\w+)"\)', source)
     assert len(cells) >= 20
-    for cell_id in cells:
-        curves = recorded_curves(cell_id)
+    for cell_id, notebook in cells:
+        curves = recorded_curves(cell_id, notebook)
         x_name, x_values = curves.x
         values = [curves(**{x_name: x, **curves.start, **curves.fixed}) for x in x_values]
-        assert any(v is not None for v in values), cell_id
+        assert any(v is not None for v in values), (notebook, cell_id)
     assert sorted(p.name for p in CURVES_DIR.glob("*.json"))
 
 

@@ -19,10 +19,11 @@ import nbformat
 import pytest
 
 import memwall
-from memwall.grading import check, grade, make_student_copy
+from memwall.grading import check, grade
 from memwall.grading.registry import get_check
 from memwall.grading.report import FEEDBACK_MAX_CHARACTERS
 from memwall.grading.sandbox import Limits, bwrap_path
+from memwall.notebooks import student_copy
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,7 +51,7 @@ RIGHT = {
 
 def blank():
     solution = nbformat.read(str(FIXTURES / "solutions" / f"{CHAPTER}.ipynb"), as_version=4)
-    return make_student_copy(solution, f"{CHAPTER}.ipynb")
+    return student_copy(FIXTURES / "solutions" / f"{CHAPTER}.ipynb", solution)[0]
 
 
 def blank_source(cell_id):

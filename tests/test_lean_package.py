@@ -156,7 +156,10 @@ def test_pip_install_without_extras_in_a_fresh_venv(tmp_path):
         texts = {name: archive.read(name) for name in shipped if name.endswith(".py")}
     assert not [name for name, text in texts.items() if b"\ndef reference_" in text]
     assert not [name for name in shipped if "grading/checks/" in name]
-    assert {"memwall/grading/expected/ch01.json", "memwall/widgets/curves/01.json"} <= shipped
+    assert {
+        "memwall/grading/expected/ch01.json",
+        "memwall/widgets/curves/01_two_phases.json",
+    } <= shipped
     env_dir = tmp_path / "lean"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")

@@ -98,3 +98,8 @@ def get_check(name) -> CheckSpec:
         known = sorted(n for n in _REGISTRY if n.startswith(name.split(".", 1)[0] + "."))
         raise LookupError(f"no check named {name!r}; registered in that module: {known}")
     return _REGISTRY[name]
+
+
+def registered_names(prefix: str) -> list:
+    """The names of the checks registered so far whose module is ``prefix`` (``"ch01"``)."""
+    return sorted(name for name in _REGISTRY if name.split(".", 1)[0] == prefix)

@@ -4,8 +4,8 @@ A solution's widget cell calls ``compare_plot(student_fn, reference_fn, x=..., s
 with a reference from the key. ``memwall notebooks`` runs those cells once (``record_curves``),
 evaluates the reference on every value of ``x`` for a grid of slider settings (at most
 ``VALUES_PER_SLIDER`` per slider, the starting value among them) and writes the curves to
-``memwall/widgets/curves/NN.json`` (``recording.py``). The student copy's widget cell passes
-``recorded_curves("<cell id>")`` instead of the reference, and its sliders step through the
+``memwall/widgets/curves/NN_slug.json`` (``recording.py``). The student copy's widget cell passes
+``recorded_curves("<cell id>", "NN_slug")`` instead of the reference, and its sliders step through the
 recorded settings. This module only reads the data: it is all a student's widget needs.
 """
 
@@ -34,10 +34,10 @@ class RecordedCurves:
         return ys[list(self.x[1]).index(params[x_name])]
 
 
-def recorded_curves(cell_id: str) -> RecordedCurves:
-    """The recorded reference of the widget cell ``cell_id`` (``c01-07`` -> curves/01.json)."""
-    chapter = cell_id[1:3]
-    data = json.loads((CURVES_DIR / f"{chapter}.json").read_text())
+def recorded_curves(cell_id: str, notebook: str) -> RecordedCurves:
+    """The recorded reference of the widget cell ``cell_id`` of ``notebook`` (``01_two_phases``:
+    curves/01_two_phases.json)."""
+    data = json.loads((CURVES_DIR / f"{notebook}.json").read_text())
     if cell_id not in data:
         raise LookupError(f"no recorded curves for widget {cell_id}: run `memwall notebooks`")
     return RecordedCurves(data[cell_id])

@@ -11,7 +11,6 @@ import ast
 import itertools
 import numbers
 
-
 VALUES_PER_SLIDER = 5
 # Fewer values per slider where a widget has many sliders: the file must stay small.
 MAX_SETTINGS = 300
@@ -159,7 +158,7 @@ def _is_widget_or_exercise(cell, source) -> bool:
     return "solution" in cell.get("metadata", {}).get("memwall", {}) or "compare_plot(" in source
 
 
-def student_widget_source(source: str, cell_id: str) -> str:
+def student_widget_source(source: str, cell_id: str, notebook: str) -> str:
     """A widget cell with its reference replaced by the recorded curves and no key import."""
     if "compare_plot(" not in source or "key_module" not in source:
         return source
@@ -178,7 +177,7 @@ def student_widget_source(source: str, cell_id: str) -> str:
         end = offsets[arg.end_lineno - 1] + _byte_to_char(
             lines[arg.end_lineno - 1], arg.end_col_offset
         )
-        text = text[:start] + f'recorded_curves("{cell_id}")' + text[end:]
+        text = text[:start] + f'recorded_curves("{cell_id}", "{notebook}")' + text[end:]
     kept = [line for line in text.splitlines(keepends=True) if "key_module" not in line]
     header = "from memwall.widgets.recorded import recorded_curves\n"
     return header + "".join(kept).lstrip("\n")
