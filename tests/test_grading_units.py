@@ -75,7 +75,7 @@ def test_student_copy_numbers_exercises_strips_outputs_and_records_its_source():
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="leak")]
     copy = make_student_copy(nb, "00_demo.ipynb")
     sources = [cell.source for cell in copy.cells if cell.cell_type == "code"]
-    assert 'raise NotImplementedError("Exercise 1: rows x cols' in sources[0]
+    assert "raise NotImplementedError(" in sources[0] and '"Exercise 1: rows x cols' in sources[0]
     assert 'raise NotImplementedError("Exercise 3: one full read' in sources[-2]
     assert all(not cell.get("outputs") for cell in copy.cells)
     assert copy.metadata["memwall"]["generated_from"] == "00_demo.ipynb"
@@ -351,3 +351,16 @@ def test_exercises_command_check_mode_exit_codes(tmp_path):
     assert run().returncode == 0
     in_sync = run("--check")
     assert in_sync.returncode == 0 and "in sync" in in_sync.stdout
+
+
+def test_a_long_hint_is_wrapped_to_the_page_and_keeps_every_word():
+    from memwall.grading.student_copy import PAGE_COLUMNS, not_implemented
+
+    message = "Exercise 3: " + " ".join(f"word{i}" for i in range(40))
+    code = "def f():\n" + not_implemented("    ", message)
+    assert all(len(line) <= PAGE_COLUMNS for line in code.splitlines())
+    namespace = {}
+    exec(code, namespace)  # noqa: S102 (generated from our own message)
+    with pytest.raises(NotImplementedError) as raised:
+        namespace["f"]()
+    assert str(raised.value) == message

@@ -10,6 +10,7 @@ metadata records where the copy came from.
 import copy
 import hashlib
 import json
+import textwrap
 
 from memwall.grading.cells import (
     BEGIN_SOLUTION,
@@ -18,6 +19,9 @@ from memwall.grading.cells import (
     exercise_hint,
     exercise_id,
 )
+
+# The widest code line the built page shows whole (tests/test_notebooks.py CODE_COLUMN_CHARS).
+PAGE_COLUMNS = 92
 
 
 def make_student_copy(solution_nb, solution_name=None):
@@ -49,10 +53,7 @@ def blank_solution_spans(source: str, message: str) -> str:
                 raise ValueError(f"nested {BEGIN_SOLUTION} in:\n{source}")
             inside = True
             indent = line[: len(line) - len(line.lstrip())]
-            # json.dumps gives a double-quoted literal that is also valid Python.
-            output.append(
-                f"{indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})\n"
-            )
+            output.append(not_implemented(indent, message))
         elif stripped.startswith(END_SOLUTION):
             if not inside:
                 raise ValueError(f"{END_SOLUTION} without {BEGIN_SOLUTION} in:\n{source}")
@@ -64,6 +65,19 @@ def blank_solution_spans(source: str, message: str) -> str:
     # Keep the cell's own convention of ending with or without a newline.
     text = "".join(output)
     return text if source.endswith("\n") else text.rstrip("\n")
+
+
+def not_implemented(indent: str, message: str) -> str:
+    """``raise NotImplementedError(message)`` at ``indent``, wrapped to fit the page."""
+    # json.dumps gives a double-quoted literal that is also valid Python.
+    line = f"{indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})\n"
+    if len(line) <= PAGE_COLUMNS + 1:
+        return line
+    inner = indent + " " * 4
+    width = PAGE_COLUMNS - len(inner) - 3  # the quotes and the space kept at a piece's end
+    pieces = textwrap.wrap(message, width, drop_whitespace=False) or [message]
+    literals = [f"{inner}{json.dumps(piece, ensure_ascii=False)}\n" for piece in pieces]
+    return f"{indent}raise NotImplementedError(\n{''.join(literals)}{indent})\n"
 
 
 def exercise_numbers(nb) -> dict:

@@ -177,9 +177,12 @@ def student_widget_source(source: str, cell_id: str, notebook: str) -> str:
         end = offsets[arg.end_lineno - 1] + _byte_to_char(
             lines[arg.end_lineno - 1], arg.end_col_offset
         )
-        text = text[:start] + f'recorded_curves("{cell_id}", "{notebook}")' + text[end:]
+        text = text[:start] + "reference_curves" + text[end:]
     kept = [line for line in text.splitlines(keepends=True) if "key_module" not in line]
-    header = "from memwall.widgets.recorded import recorded_curves\n"
+    header = (
+        "from memwall.widgets.recorded import recorded_curves\n\n"
+        f'reference_curves = recorded_curves("{cell_id}", "{notebook}")\n'
+    )
     return header + "".join(kept).lstrip("\n")
 
 
