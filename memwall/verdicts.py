@@ -82,7 +82,7 @@ def spread_problem(
         return None
     ratio = spread(samples)
     if ratio > bound:
-        return f"{what} spread {ratio:.1f}x (p90/p10 above {bound:.1f}x)"
+        return f"{what}: p90/p10 {ratio:.1f}x > {bound:.1f}x"
     return None
 
 
