@@ -170,8 +170,10 @@ def memory_level_roofs(measurement, levels=None) -> list[tuple[str, Hardware]]:
     levels = cache_levels() if levels is None else levels
     cache_name = f"{levels[-1].name} cache" if levels else "last-level cache"
     base = measurement.as_hardware()
-    if measurement.memory_level != DRAM:
-        return [(f"{cache_name} (measured; DRAM out of reach)", base)]
+    if measurement.memory_level != DRAM:  # both streams read the cache: the faster is its roof
+        fastest = max(measurement.bandwidth, measurement.cache_bandwidth or 0.0)
+        only = Hardware(base.name, fastest, dict(base.peak_flops), base.memory_bytes, base.note)
+        return [(f"{cache_name} (measured; DRAM out of reach)", only)]
     roofs = [("DRAM (measured)", base)]
     if measurement.cache_bandwidth and measurement.cache_bandwidth > measurement.bandwidth:
         cache = Hardware(

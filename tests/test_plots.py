@@ -154,3 +154,4 @@ def test_memory_level_roofs_draw_the_cache_beside_dram(ax):
     # DRAM out of reach within the memory budget: the one roof is the cache's, and says so
     (only,) = memory_level_roofs(_measurement(memory_level="last-level cache"), levels)
     assert "DRAM out of reach" in only[0]
+    assert only[1].memory_bandwidth == 120e9  # the faster of the two cache streams
