@@ -163,6 +163,7 @@ CATALOG: dict[str, Hardware] = {
     )
 }
 
+
 def get_hardware(name_or_hardware: str | Hardware) -> Hardware:
     """A catalog entry by (case-insensitive) name; a `Hardware` passes through.
     (`memwall.machine.get_hardware` also answers "this", by measuring the current machine.)"""
