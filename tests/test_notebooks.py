@@ -230,9 +230,9 @@ def test_the_name_check_catches_a_print_that_widens_with_the_name(tmp_path):
     assert len(printed(short, short_names)[0]) <= OUTPUT_COLUMN_CHARS
 
 
-# Chapter 3 is edited by the lead: it prints `machine.device` whole (issue 36). Remove it from
-# this set when it prints the name through memwall.verdicts.shorten; strict, so the test says so.
-NAME_WIDENS = {"03_memory_wall"}
+# Chapters that print a machine's name whole, wider than the page for a long name. None since
+# issue 36 (names go through memwall.verdicts.shorten); strict, so a fixed chapter fails here.
+NAME_WIDENS = set()
 
 
 @pytest.mark.parametrize(
