@@ -29,6 +29,10 @@ WIDGET_STATE = 'type="application/vnd.jupyter.widget-state+json"'
 # Characters of a cell's printed output that fit the content column at 1280 px (book/_theme/memwall.css
 # sets the output font so that about 95 fit; a few are kept spare for the scrollbar and padding).
 OUTPUT_COLUMN_CHARS = 92
+# Where the next code cell starts: its div's classes are "cell", one "tag_<tag>" per cell tag (a
+# folded cell is "cell tag_hide-input docutils container"), then docutils' own. An output block
+# ends there, so a folded cell's hidden code is never read as the output before it.
+NEXT_CELL = '<div class="cell '
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +117,7 @@ def test_markdown_tables_in_outputs_render_as_tables(build, chapter):
     """display(Markdown(table)) outputs must become HTML tables, not a line of pipes."""
     # Each output block runs from its cell_output div to the start of the next cell.
     outputs = [
-        part.split('<div class="cell docutils container')[0]
-        for part in page_html(chapter).split('class="cell_output')[1:]
+        part.split(NEXT_CELL)[0] for part in page_html(chapter).split('class="cell_output')[1:]
     ]
     assert any("<table" in output for output in outputs), (
         f"{chapter}: no table among the cell outputs"
@@ -190,7 +193,7 @@ def widest_output_lines(page_html_text: str, limit: int) -> list[str]:
     """The lines of printed cell output (text inside a cell_output's <pre>) longer than `limit`."""
     too_wide = []
     for part in page_html_text.split('class="cell_output')[1:]:
-        output = part.split('<div class="cell docutils container')[0]
+        output = part.split(NEXT_CELL)[0]
         for pre in re.findall(r"<pre[^>]*>(.*?)</pre>", output, flags=re.DOTALL):
             text = html_lib.unescape(re.sub(r"<[^>]+>", "", pre))
             too_wide += [line for line in text.splitlines() if len(line.rstrip()) > limit]
@@ -205,6 +208,13 @@ def test_widest_output_line_helper_finds_long_lines():
     )
     assert widest_output_lines(page, 92) == ["x" * 93]
     assert widest_output_lines(page.replace("x" * 93, "x" * 92), 92) == []
+    # the code of a folded (hide-input) cell that follows an output is not part of that output
+    folded_next = (
+        '<div class="cell_output docutils container"><pre>short</pre></div></div>'
+        '<div class="cell tag_hide-input docutils container"><details class="hide above-input">'
+        '<div class="cell_input docutils container"><pre>' + "y" * 93 + "</pre></div></details>"
+    )
+    assert widest_output_lines(folded_next, 92) == []
 
 
 @pytest.mark.parametrize("chapter", CHAPTER_PAGES)

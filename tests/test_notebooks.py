@@ -107,6 +107,77 @@ def test_chapter_code_fits_the_page_width(source):
     assert not too_wide, f"{len(too_wide)} code line(s) over {CODE_COLUMN_CHARS}: {too_wide[:3]}"
 
 
+# --- Pages a reader can scan (issue 39) -------------------------------------------------------
+# A cell tagged hide-input shows its output with its code folded; the code a reader should read
+# (the experiment, the calls into memwall) stays visible, the code that only prints it is folded.
+PRINT_LINES_SHOWN = 15  # the most lines of print()/display() calls a visible cell may hold
+FOLDED_TAGS = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+
+
+def output_call_lines(source: str) -> int:
+    """How many lines of a cell's code lie inside print() or display() calls."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("print", "display")
+        ):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return len(lines)
+
+
+def cells_shown(source: Path) -> list:
+    """The code cells whose code the built page shows (the Colab cell is removed there)."""
+    return [
+        cell
+        for cell in read_source(source).cells
+        if cell.cell_type == "code" and not FOLDED_TAGS & set(cell.metadata.get("tags", []))
+    ]
+
+
+def printing_too_much(source: Path, budget: int = PRINT_LINES_SHOWN) -> list[str]:
+    return [
+        f"{output_call_lines(cell.source)} print lines in the cell starting "
+        f"{cell.source.splitlines()[0]!r}"
+        for cell in cells_shown(source)
+        if output_call_lines(cell.source) > budget
+    ]
+
+
+def test_the_print_budget_counts_print_lines_and_skips_folded_cells(tmp_path):
+    source = tmp_path / "chapter.md"
+    source.write_text(
+        "---\njupytext:\n  text_representation:\n    format_name: myst\n---\n\n"
+        '```{code-cell}\nx = 1\nprint(f"{x}"\n      f"{x}")\ndisplay(x)\n```\n\n'
+        "```{code-cell}\n:tags: [hide-input]\n\nprint(1)\nprint(2)\nprint(3)\nprint(4)\n```\n"
+    )
+    shown = cells_shown(source)
+    assert [output_call_lines(cell.source) for cell in shown] == [3]
+    assert printing_too_much(source, budget=3) == []
+    assert printing_too_much(source, budget=2) == ["3 print lines in the cell starting 'x = 1'"]
+
+
+@pytest.mark.parametrize("source", sorted((REPO / "chapters").glob("*.md")), ids=lambda p: p.stem)
+def test_code_that_only_prints_results_is_folded(source):
+    """A page shows the code that computes and folds the code that only formats the output.
+
+    The rule: a code cell left visible holds at most PRINT_LINES_SHOWN lines of print() and
+    display() calls (the lines their arguments span: tables, verdict strings). A longer
+    printing tail goes into a cell of its own tagged `hide-input`, right after the cell that
+    computes what it prints, so nothing runs in another order and the outputs stay where
+    they were. Before issue 39 no cell was folded and single cells printed up to 46 lines.
+    Every chapter also folds at least one cell, so the rule cannot pass by counting nothing.
+    """
+    tags = [cell.metadata.get("tags", []) for cell in read_source(source).cells]
+    assert any("hide-input" in cell_tags for cell_tags in tags), "no cell is folded"
+    too_much = printing_too_much(source)
+    assert not too_much, (
+        f"visible cells printing more than {PRINT_LINES_SHOWN} lines (move the printing into "
+        f"a cell tagged hide-input): {too_much}"
+    )
+
+
 def test_the_sources_carry_no_colab_cell_and_no_outputs():
     for source in SOURCES:
         text = source.read_text()
