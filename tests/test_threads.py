@@ -3,17 +3,25 @@ two threads against a core another process holds."""
 
 import pytest
 
-from memwall.engine.cpu.threads import LONGEST_WAIT, IdleCores, ThreadChoice
+from memwall.engine.cpu.threads import LONGEST_WAIT, BusyElsewhere, IdleCores, ThreadChoice
 
 
 class Machine:
-    """A pretend machine: a step takes `seconds[threads]`; `idle` cores beside the step."""
+    """A pretend machine: a step takes `seconds[threads]`; `idle` cores beside the step, `busy`
+    cores' worth of other processes' work (None: the kernel's counters cannot be read)."""
 
-    def __init__(self, seconds, idle):
+    def __init__(self, seconds, idle, busy=None):
         self.seconds, self.idle = dict(seconds), idle
+        self.busy = busy if busy is not None else 1.0 - idle
 
     def idle_cores(self):
         return self.idle
+
+    def busy_elsewhere(self):
+        return self.busy
+
+    def choice(self, most=2):
+        return ThreadChoice(most, self.idle_cores, self.busy_elsewhere)
 
 
 def run(choice, machine, steps):
@@ -25,41 +33,52 @@ def run(choice, machine, steps):
     return used
 
 
-def test_a_quiet_machine_keeps_every_thread_and_tries_one_rarely():
+def test_a_quiet_machine_keeps_every_thread_and_never_tries_one():
     machine = Machine({2: 1.0, 1: 1.8}, idle=1.0)
-    used = run(ThreadChoice(2, machine.idle_cores), machine, 2000)
+    assert set(run(machine.choice(), machine, 2000)) == {2}
+
+
+def test_without_the_kernels_counters_one_thread_is_tried_rarely():
+    machine = Machine({2: 1.0, 1: 1.8}, idle=1.0)
+    used = run(ThreadChoice(2, lambda: None, lambda: None), machine, 2000)
     tries = used.count(1)
-    assert used[0] == 2 and tries <= 12  # waits double: 8, 16, ... up to LONGEST_WAIT
+    assert used[0] == 2 and 1 <= tries <= 12  # waits double: 8, 16, ... up to LONGEST_WAIT
+
+
+def test_a_slower_try_under_load_makes_the_next_wait_longer():
+    machine = Machine({2: 1.0, 1: 1.8}, idle=0.0, busy=0.6)  # busy, yet two threads still win
+    used = run(machine.choice(), machine, 2000)
+    assert 1 <= used.count(1) <= 12
 
 
 def test_a_busy_core_sends_the_step_to_one_thread_at_once():
     machine = Machine({2: 45.0, 1: 2.0}, idle=0.0)
-    used = run(ThreadChoice(2, machine.idle_cores), machine, 500)
+    used = run(machine.choice(), machine, 500)
     assert used[:3] == [2, 1, 1]  # one slow step, then one thread
     assert used.count(2) == 1  # the other core stays taken: two threads are never tried again
 
 
 def test_the_step_goes_back_to_every_thread_when_the_core_is_free_again():
     machine = Machine({2: 45.0, 1: 2.0}, idle=0.0)
-    choice = ThreadChoice(2, machine.idle_cores)
+    choice = machine.choice()
     run(choice, machine, 100)
-    machine.seconds, machine.idle = {2: 1.0, 1: 1.8}, 1.0
+    machine.seconds, machine.idle, machine.busy = {2: 1.0, 1: 1.8}, 1.0, 0.0
     used = run(choice, machine, LONGEST_WAIT + 10)
     assert used[-1] == 2 and used.index(2) <= 8 + 1
 
 
 def test_a_sudden_slowdown_brings_the_next_try_forward():
     machine = Machine({2: 1.0, 1: 1.8}, idle=1.0)
-    choice = ThreadChoice(2, machine.idle_cores)
+    choice = machine.choice()
     run(choice, machine, 1000)  # the tries are now LONGEST_WAIT steps apart
-    machine.seconds, machine.idle = {2: 45.0, 1: 2.0}, 0.0
+    machine.seconds, machine.idle, machine.busy = {2: 45.0, 1: 2.0}, 0.0, 1.0
     used = run(choice, machine, 4)
     assert used == [2, 1, 1, 1]
 
 
 def test_one_core_means_one_thread():
     machine = Machine({1: 1.0}, idle=0.0)
-    assert set(run(ThreadChoice(1, machine.idle_cores), machine, 50)) == {1}
+    assert set(run(machine.choice(1), machine, 50)) == {1}
 
 
 def test_idle_cores_reads_the_kernel_counters(tmp_path, monkeypatch):
@@ -70,3 +89,16 @@ def test_idle_cores_reads_the_kernel_counters(tmp_path, monkeypatch):
     ticks = meter._idle_seconds()
     assert ticks == pytest.approx(200 / __import__("os").sysconf("SC_CLK_TCK"))
     assert IdleCores(str(tmp_path / "missing"))() is None
+
+
+def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    clock = {"wall": 10.0, "own": 3.0}
+    monkeypatch.setattr("time.monotonic", lambda: clock["wall"])
+    monkeypatch.setattr("time.process_time", lambda: clock["own"])
+    idle = iter([0.2, None])
+    meter = BusyElsewhere(lambda: next(idle))
+    clock["wall"], clock["own"] = 11.0, 4.0  # one second: 0.2 cores idle, one core this process
+    assert meter() == pytest.approx(0.8)  # 2 cores - 0.2 idle - 1.0 own
+    clock["wall"] = 12.0
+    assert meter() is None  # the counters could not be read

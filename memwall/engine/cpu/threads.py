@@ -7,13 +7,16 @@ the wait: two threads can then be tens of times slower than one. Load averages c
 in time (they lag by a minute, and in a container they describe the host), so the step measures:
 it runs on all its threads, tries one thread now and then, and keeps whichever was faster.
 
-- A try that loses waits twice as long before the next one, so a machine that stays quiet pays
-  for the tries less and less; a try that wins switches at once.
+- A try that loses waits twice as long before the next one, so a machine whose load stays put
+  pays for the tries less and less; a try that wins switches at once.
 - A step much slower than the recent ones (another process just started) brings the next try
   forward to the next step.
 - Trying more threads while others hold the cores costs a very slow step, so it is tried only
   when the kernel's counters say that the other cores were idle for at least half a core's time
   since the last look (`/proc/stat`; where it cannot be read, the doubling wait alone decides).
+- Trying fewer threads on a quiet machine costs a slow step too (one core streams the weights at
+  a fraction of the bandwidth), so it is tried only when other processes took at least half a
+  core's time since the last look: the cores' busy time less this process's own.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ CLEAR_WIN = 0.9  # a try replaces the current count when it takes under 0.9 of i
 SUDDEN = 2.0  # a step this many times the recent median brings the next try forward
 RECENT = 5  # steps whose median stands for the current count
 IDLE_TO_TRY = 0.5  # idle cores (beside this step's own) needed before more threads are tried
+BUSY_TO_TRY = 0.5  # cores' worth of other processes' work needed before fewer threads are tried
 
 
 class IdleCores:
@@ -57,13 +61,32 @@ class IdleCores:
         return (idle - before) / (now - then)
 
 
+class BusyElsewhere:
+    """How many cores' worth of time other processes took, on average, since the last call: the
+    cores this process may use, less their idle time and less this process's own CPU time."""
+
+    def __init__(self, idle_cores=None):
+        self.idle_cores = idle_cores or IdleCores()
+        self.cores = len(os.sched_getaffinity(0))
+        self.last = (time.monotonic(), time.process_time())
+
+    def __call__(self) -> float | None:
+        idle = self.idle_cores()
+        now, own = time.monotonic(), time.process_time()
+        (then, before), self.last = self.last, (now, own)
+        if idle is None or now <= then:
+            return None
+        return max(0.0, self.cores - idle - (own - before) / (now - then))
+
+
 class ThreadChoice:
     """The thread count of each step: `threads()` before it, `record(threads, seconds)` after."""
 
-    def __init__(self, most: int, idle_cores=None):
+    def __init__(self, most: int, idle_cores=None, busy_elsewhere=None):
         self.current = max(1, most)
         self.other = 1 if self.current > 1 else None
         self.idle_cores = idle_cores or IdleCores()
+        self.busy_elsewhere = busy_elsewhere or BusyElsewhere()
         self.recent: deque[float] = deque(maxlen=RECENT)
         self.wait, self.countdown = FIRST_TRY, 1  # the first try comes right after one step
 
@@ -74,6 +97,12 @@ class ThreadChoice:
             idle = self.idle_cores()
             if idle is not None and idle < IDLE_TO_TRY:
                 self.countdown = self.wait  # the other cores are taken: no try this time
+                return self.current
+        else:
+            busy = self.busy_elsewhere()
+            if busy is not None and busy < BUSY_TO_TRY:
+                # nobody else wants the cores: no try, and a fresh look soon (a look is cheap)
+                self.countdown = FIRST_TRY
                 return self.current
         return self.other
 
@@ -86,6 +115,7 @@ class ThreadChoice:
                 self.countdown -= 1
             self.recent.append(seconds)
             return
+        tried_more = threads > self.current
         if seconds < CLEAR_WIN * statistics.median(self.recent):
             self.current, self.other = threads, self.current
             self.recent.clear()
@@ -94,5 +124,5 @@ class ThreadChoice:
         else:
             self.wait = min(2 * self.wait, LONGEST_WAIT)
         self.countdown = self.wait
-        if threads > self.current:
-            self.idle_cores()  # the next look at idle time starts after this try
+        # the next look at the cores' use starts after this try
+        (self.idle_cores if tried_more else self.busy_elsewhere)()
