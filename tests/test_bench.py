@@ -150,6 +150,19 @@ def test_options_resolve_with_clear_errors():
         workload.load_model("random:no-such-model", "fp32", "cpu")
 
 
+def test_synchronize_waits_for_cuda_only(monkeypatch):
+    """The chapters call it around every timed region: a no-op on a CPU, a CUDA sync on a GPU
+    (with the device it was given, str or torch.device)."""
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    for device in ("cpu", torch.device("cpu")):
+        harness.synchronize(device)
+    assert waited == []
+    harness.synchronize("cuda")
+    harness.synchronize(torch.device("cuda", 1))
+    assert waited == ["cuda", torch.device("cuda", 1)]
+
+
 def test_prompts_have_the_requested_length():
     assert len(workload.make_prompt(40, 1000)) == 40
     assert workload.make_prompt(7, 1000, seed=1) == workload.make_prompt(7, 1000, seed=1)
