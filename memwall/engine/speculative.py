@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memwall.engine.drafts import Draft, Proposal
+from memwall.engine.phases import _sync
 from memwall.engine.sampling import Sampling, make_generator, probabilities
 
 # (p [k+1, V], q [k, V], guesses [k], generator) -> (number of guesses accepted, the token after them)
@@ -168,6 +169,7 @@ def speculative_generate(
     # The cache holds every context token but the last; each verify pass feeds that one plus the guesses.
     if len(context) > 1:
         target(torch.tensor([context[:-1]], device=device), cache, last_only=True)
+    _sync(device)  # a GPU queues the prefill: without the wait it would count as decode time
     out.prefill_s = time.perf_counter() - start
     while len(out.tokens) < max_new_tokens:
         t0 = time.perf_counter()
