@@ -2,7 +2,8 @@
 
 - ch03.cache_cliff (measured): find the last-level cache in a bandwidth sweep timed with a fake
   clock; a sweep that reads each size once, or cycles through the sizes, sees no cliff.
-- ch03.llama_params: the weights row of the ledger, counted from a Llama-family shape.
+- ch03.llama_params: the weights row of the ledger, counted from a Llama-family shape with a gated
+  (SwiGLU) or a plain MLP; memwall's ModelSpec counts only the gated kind, so it does not answer.
 - ch03.decode_step_ms: the roofline's step time, max(memory time, compute time), against batch.
 """
 
@@ -80,33 +81,48 @@ def cases_cache_cliff(rng):
 
 
 def reference_llama_params(
-    n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied
+    n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied, gated
 ):
     attention = (
         d_model * (n_heads + 2 * n_kv_heads) * head_dim + n_heads * head_dim * d_model
     )  # q,k,v + o
-    mlp = 3 * d_model * d_ff  # gate, up, down
+    mlp = (3 if gated else 2) * d_model * d_ff  # gate, up, down; a plain MLP has no gate
     norms = 2 * d_model  # RMSNorm weights before attention and before the MLP
     embeddings = vocab_size * d_model * (1 if tied else 2)  # input table, and an untied output head
     return n_layers * (attention + mlp + norms) + d_model + embeddings  # + the final norm
 
 
-def _wrong_mha_params(n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied):
+def _wrong_mha_params(
+    n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied, gated
+):
     return reference_llama_params(
-        n_layers, d_model, n_heads, n_heads, head_dim, d_ff, vocab_size, tied
+        n_layers, d_model, n_heads, n_heads, head_dim, d_ff, vocab_size, tied, gated
     )
 
 
-def _wrong_ignores_tying(n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied):
+def _wrong_ignores_tying(
+    n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied, gated
+):
     return reference_llama_params(
-        n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, False
+        n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, False, gated
     )
+
+
+def _memwall_model_spec(
+    n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, tied, gated
+):
+    # The package's count (ModelSpec.n_params): a Llama MLP is always gated there.
+    from memwall.specs import ModelSpec
+
+    shape = ModelSpec("exercise", n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff,
+                      vocab_size, tied, max_context=1)  # fmt: skip
+    return shape.n_params
 
 
 @register_cases(
     "ch03.llama_params",
     reference=reference_llama_params,
-    wrong_answers=[_wrong_mha_params, _wrong_ignores_tying],
+    wrong_answers=[_wrong_mha_params, _wrong_ignores_tying, _memwall_model_spec],
 )
 def cases_llama_params(rng):
     cases = []
@@ -124,6 +140,7 @@ def cases_llama_params(rng):
                 d_ff=rng.choice([1536, 8192, 14336]),
                 vocab_size=rng.randint(32000, 152064),
                 tied=number % 2 == 0,
+                gated=number % 4 >= 2,  # every pairing of tied and gated, in every four cases
             )
         )
     return cases
