@@ -2,7 +2,9 @@
 
 1. ``ch05.kv_overtakes_batch``: the smallest batch whose KV cache outgrows the weights at a
    context (Pope et al. 2022), for any number of KV heads.
-2. ``ch05.max_users``: how many sequences fit next to the weights (the calculator's "max users").
+2. ``ch05.max_users``: how many sequences fit next to the weights when each holds whole blocks of
+   cache; the calculator's "max users" (``memwall.cost.memory_budget``) ignores blocks, so it does
+   not answer this.
 3. ``ch05.mean_pool_heads``: mean-pool KV heads (Ainslie et al. 2023); graded on the attention
    output that the pooled keys and values produce, against a reference pooling.
 """
@@ -76,29 +78,49 @@ def check_kv_overtakes_batch(rng):
     return kv_overtakes_cases(rng)
 
 
-# ---- 2. max users --------------------------------------------------------------------------------------
+# ---- 2. max users, in whole blocks ------------------------------------------------------------------
 
 
-def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context):
+def reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context, block_tokens):
     free = memory_bytes - weight_bytes
     if free <= 0:
         return 0  # the weights alone do not fit
-    return math.floor(free / (context * kv_bytes_per_token))
+    blocks_per_user = math.ceil(context / block_tokens)  # a user holds whole blocks
+    return math.floor(free / (blocks_per_user * block_tokens * kv_bytes_per_token))
+
+
+def _calculator_ignores_blocks(memory_bytes, weight_bytes, kv_bytes_per_token, context,
+                               block_tokens):  # fmt: skip
+    # memwall's memory_budget (the calculator's "max users"): exactly context tokens per user
+    return reference_max_users(memory_bytes, weight_bytes, kv_bytes_per_token, context, 1)
+
+
+def _rounds_blocks_down(memory_bytes, weight_bytes, kv_bytes_per_token, context, block_tokens):
+    free = memory_bytes - weight_bytes
+    if free <= 0:
+        return 0
+    blocks_per_user = max(1, context // block_tokens)
+    return math.floor(free / (blocks_per_user * block_tokens * kv_bytes_per_token))
+
+
+def _forgets_the_weights(memory_bytes, weight_bytes, kv_bytes_per_token, context, block_tokens):
+    return reference_max_users(memory_bytes, 0, kv_bytes_per_token, context, block_tokens)
+
+
+def _fraction_of_a_user(memory_bytes, weight_bytes, kv_bytes_per_token, context, block_tokens):
+    return (memory_bytes - weight_bytes) / (
+        math.ceil(context / block_tokens) * block_tokens * kv_bytes_per_token
+    )
 
 
 @register_cases(
     "ch05.max_users",
     reference=reference_max_users,
     wrong_answers=[
-        lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: (
-            (memory_bytes - weight_bytes) / (context * kv_bytes_per_token)
-        ),
-        lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor(
-            memory_bytes / (context * kv_bytes_per_token)
-        ),
-        lambda memory_bytes, weight_bytes, kv_bytes_per_token, context: math.floor(
-            (memory_bytes - weight_bytes) / (context * kv_bytes_per_token)
-        ),
+        _calculator_ignores_blocks,
+        _rounds_blocks_down,
+        _forgets_the_weights,
+        _fraction_of_a_user,
     ],
 )
 def cases_max_users(rng):
@@ -107,12 +129,24 @@ def cases_max_users(rng):
         memory = rng.choice([16e9, 24e9, 40e9, 80e9, 141e9])
         # a third of the cases have weights that do not fit
         weights = memory * (rng.uniform(1.01, 3) if number % 3 == 0 else rng.uniform(0.05, 0.95))
+        kv_bytes_per_token = rng.choice([4096, 32768, 46080, 131072, 327680, 524288])
+        if number % 3 == 1:
+            # A few small blocks, the last holding one token: a user of `context` tokens, one
+            # of a block fewer and one of whole blocks take different numbers of users (at least
+            # 0.8 GB free, at most 33.5 MB a user).
+            block_tokens, blocks, last = rng.choice([16, 32]), rng.randint(2, 8), 1
+            kv_bytes_per_token = rng.choice([4096, 32768, 46080, 131072])
+        else:
+            block_tokens = rng.choice([16, 32, 256, 2048])
+            blocks = rng.randint(1, max(1, 16384 // block_tokens))  # up to 16k tokens a user
+            last = rng.randint(1, block_tokens)  # tokens in the last block
         cases.append(
             dict(
                 memory_bytes=memory,
                 weight_bytes=weights,
-                kv_bytes_per_token=rng.choice([4096, 32768, 46080, 131072, 327680, 524288]),
-                context=rng.choice([512, 2048, 4096, 8192, 32768, 131072]),
+                kv_bytes_per_token=kv_bytes_per_token,
+                context=(blocks - 1) * block_tokens + last,
+                block_tokens=block_tokens,
             )
         )
     return cases
