@@ -3,7 +3,9 @@
 - ch09.fraction_of_roofline: measured tokens/s as a fraction of the bandwidth ceiling.
 - ch09.ab_slowdown (measured): an A/B timer on a pretend machine that drifts and jumps; the
   median of per-round ratios survives, all-A-then-all-B and means do not.
-- ch09.moe_weight_bytes: expected expert bytes a mixture-of-experts step reads at a batch.
+- ch09.moe_weight_bytes: expected expert bytes a mixture-of-experts step reads at a batch, when
+  each expert has its own pick chance; memwall's expected_experts_touched assumes even routing,
+  so it does not answer this.
 - ch09.warmup_steps (measured): how many slow steps a run starts with.
 """
 
@@ -22,10 +24,43 @@ def reference_fraction_of_roofline(tok_per_s, bytes_per_step, bandwidth_gb_s, to
     return tok_per_s / ceiling
 
 
-def reference_moe_weight_bytes(batch, n_experts, active_experts, expert_bytes, shared_bytes):
-    # Each token picks `active_experts` of `n_experts`; an expert is read if any token in the batch picks it.
-    touched = n_experts * (1 - (1 - active_experts / n_experts) ** batch)
+def reference_moe_weight_bytes(batch, pick_probs, expert_bytes, shared_bytes):
+    # Expert i is read unless all `batch` tokens miss it, each with probability 1 - pick_probs[i];
+    # the expected number read is the sum of those chances (linearity of expectation).
+    touched = sum(1 - (1 - p) ** batch for p in pick_probs)
     return shared_bytes + touched * expert_bytes
+
+
+def _batch_of_one(batch, pick_probs, expert_bytes, shared_bytes):  # every token the same experts
+    return shared_bytes + sum(pick_probs) * expert_bytes
+
+
+def _even_router(batch, pick_probs, expert_bytes, shared_bytes):
+    # The chapter's formula, as memwall.cost.expected_experts_touched computes it: every expert
+    # equally likely, E (1 - (1 - a/E)^B).
+    n_experts, active = len(pick_probs), sum(pick_probs)
+    touched = n_experts * (1 - (1 - active / n_experts) ** batch)
+    return shared_bytes + touched * expert_bytes
+
+
+def _no_expert_twice(batch, pick_probs, expert_bytes, shared_bytes):  # the batch never repeats
+    return shared_bytes + min(len(pick_probs), batch * sum(pick_probs)) * expert_bytes
+
+
+def router_probs(rng, n_experts, active):
+    """Per-expert pick chances adding up to `active`: a router with favourites, or an uneven one."""
+    even = active / n_experts
+    shape = rng.choice(["favourites", "uneven", "uneven"])
+    if shape == "favourites":  # some tokens go to a fixed set of experts, the rest evenly
+        favouritism = rng.uniform(0.3, 0.95)
+        favourites = set(rng.sample(range(n_experts), active))
+        return [(1 - favouritism) * even + (favouritism if i in favourites else 0)
+                for i in range(n_experts)]  # fmt: skip
+    weights = [rng.uniform(0.05, 1) ** 3 for _ in range(n_experts)]  # a few popular experts
+    probs = [active * w / sum(weights) for w in weights]
+    # No expert can be picked more than once per token: mix with the even router until p <= 1.
+    mix = min(1.0, (1 - even) / (max(probs) - even)) if max(probs) > 1 else 1.0
+    return [min(1.0, even + mix * (p - even)) for p in probs]
 
 
 @register_cases(
@@ -113,24 +148,21 @@ def cases_ab_slowdown(rng):
 @register_cases(
     "ch09.moe_weight_bytes",
     reference=reference_moe_weight_bytes,
-    wrong_answers=[
-        lambda batch, n_experts, active_experts, expert_bytes, shared_bytes: (
-            shared_bytes + active_experts * expert_bytes
-        ),
-        lambda batch, n_experts, active_experts, expert_bytes, shared_bytes: (
-            shared_bytes + min(n_experts, batch * active_experts) * expert_bytes
-        ),
-    ],
+    wrong_answers=[_batch_of_one, _even_router, _no_expert_twice],
 )
 def cases_moe_weight_bytes(rng):
     cases = []
-    for _ in range(CASES):
+    for number in range(CASES):
         n_experts = rng.choice([8, 16, 64, 128])
+        active = rng.randint(1, min(8, n_experts - 1))
+        if number == CASES - 1:  # the chapter's even router, which the formula above also covers
+            pick_probs = [active / n_experts] * n_experts
+        else:
+            pick_probs = router_probs(rng, n_experts, active)
         cases.append(
             dict(
                 batch=rng.randint(2, 256),
-                n_experts=n_experts,
-                active_experts=rng.randint(1, min(8, n_experts - 1)),
+                pick_probs=pick_probs,
                 expert_bytes=rng.uniform(1e7, 5e9),
                 shared_bytes=rng.uniform(1e8, 5e9),
             )
