@@ -313,3 +313,17 @@ def test_the_number_of_processes_is_limited(batch):
     message = batch["rows"]["forker"].checks[0].message
     spawned = int(message.split("spawned ")[1].split()[0])
     assert 0 < spawned < Limits().processes, message
+
+
+def test_mount_parents_are_opened_again_under_a_later_mount():
+    """Root's bwrap makes a mount point's parents 0700; a checkout under /tmp is bound on top of
+    the private /tmp, so its parents must be made (0755) after that mount, not before it."""
+    from memwall.grading.sandbox import _with_open_parents
+
+    args = ["bwrap", "--bind", "/s/tmp", "/tmp", "--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv"]
+    opened = _with_open_parents(args)
+    tmp_mount = opened.index("/s/tmp")
+    made = [opened[i + 1] for i, item in enumerate(opened) if item == "--dir"]
+    assert made == ["/tmp/ci"]
+    assert opened.index("/tmp/ci") > tmp_mount  # made inside the private /tmp
+    assert opened[opened.index("/tmp/ci") - 2 : opened.index("/tmp/ci")] == ["0755", "--dir"]

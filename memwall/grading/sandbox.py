@@ -208,16 +208,26 @@ BIND_OPTIONS = ("--bind", "--ro-bind", "--ro-bind-try", "--dev-bind-try")
 
 
 def _with_open_parents(args: list) -> list:
-    """``args`` with each mount point's parents made 0755 first: bwrap running as root makes
-    them 0700, which the sandbox's nobody could not pass through."""
-    parents = []
-    for index, option in enumerate(args[:-2]):
-        if option in BIND_OPTIONS:
-            for parent in reversed(Path(args[index + 2]).parents):
-                if str(parent) != "/" and str(parent) not in parents:
-                    parents.append(str(parent))
-    opened = [item for parent in parents for item in ("--perms", "0755", "--dir", parent)]
-    return args[:1] + opened + args[1:]
+    """``args`` with each mount point's parents made 0755 just before its mount: bwrap running
+    as root makes them 0700, which the sandbox's nobody could not pass through. A mount hides
+    what was made under its destination earlier (a private /tmp over a checkout in /tmp), so
+    a later mount below it gets its parents made again."""
+    result, opened, index = [], set(), 0
+    while index < len(args):
+        if args[index] not in BIND_OPTIONS or index + 2 >= len(args):
+            result.append(args[index])
+            index += 1
+            continue
+        destination = Path(args[index + 2])
+        for parent in reversed(destination.parents):
+            if str(parent) != "/" and str(parent) not in opened:
+                result += ["--perms", "0755", "--dir", str(parent)]
+                opened.add(str(parent))
+        opened = {path for path in opened if not Path(path).is_relative_to(destination)}
+        opened.add(str(destination))  # the mount point itself exists from here on
+        result += args[index : index + 3]
+        index += 3
+    return result
 
 
 def hand_to_sandbox_user(*paths):
