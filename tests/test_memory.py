@@ -186,6 +186,18 @@ def test_the_buffer_budget_is_an_eighth_of_what_is_available_and_capped():
         memory.buffer_budget_bytes(-1)
 
 
+def test_a_child_of_a_big_process_reports_its_own_peak():
+    """getrusage's peak carries over from the parent on Linux; peak_rss_bytes must not."""
+    ballast = bytearray(600 * MiB)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # resident in this (the parent) process
+    script = "from memwall.machine.memory import peak_rss_bytes; print(peak_rss_bytes())"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    del ballast
+    assert int(done.stdout) < 500 * MiB
+
+
 def test_rss_and_available_memory():
     current = memory.current_rss_bytes()
     assert current > 10 * MiB and memory.peak_rss_bytes() > 0.9 * current  # the peak lags a little
@@ -193,11 +205,11 @@ def test_rss_and_available_memory():
 
 
 PROBE_PEAK = """
-import resource, sys
+from memwall.machine.memory import peak_rss_bytes
 from memwall.machine.probe import RooflineProbe
 probe = RooflineProbe("cpu", reads=1)
 probe.buffer.sum()  # every page touched, so resident
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, probe.working_set_bytes)
+print(peak_rss_bytes(), probe.working_set_bytes)
 """
 
 

@@ -155,6 +155,16 @@ def buffer_budget_bytes(available: int | None = None) -> int:
 def peak_rss_bytes(children: bool = False) -> int:
     """The most resident memory this process has held so far (`children`: the largest peak of
     its finished, reaped child processes instead)."""
+    if not children:
+        # The kernel's high-water mark of this program's own memory. getrusage's peak is not:
+        # Linux carries it over from the process that started this one (a child started by a
+        # 3 GB parent reports 3 GB).
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
     who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
     peak = resource.getrusage(who).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
