@@ -5,13 +5,12 @@
 A benchmark, not a test: it asserts nothing beyond "every row came back with the expected
 points". Each round grades the same class twice, with the bubblewrap sandbox and without it,
 alternating which goes first, so a busy machine slows both alike; it prints the medians and
-their ratio and writes them to benchmarks/results/grade_30_<chapter>.json. The default is the
+their ratio and records them (benchmarks/results/grade_30_<chapter>-<machine id>-<date>.json). The default is the
 small demo chapter of the grading tests, whose submissions mix right, blank and wrong answers (a
 third each); `--chapter` grades a real chapter of solutions/, half right and half blank.
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import nbformat
 
+from memwall.bench.records import save_record
 from memwall.grading import grade
 from memwall.grading.sandbox import bwrap_path
 from memwall.grading.sync import notebooks_in, read_notebook
@@ -100,8 +100,7 @@ def main():
         "cpus": os.cpu_count(), "platform": platform.platform(), "machine": machine_fingerprint(),
         "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
     }  # fmt: skip
-    out = REPO / "benchmarks" / "results" / f"grade_30_{args.chapter}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = save_record(result, f"grade_30_{args.chapter}")
     versus = (
         f"unsandboxed {plain:.1f} s (x{sandboxed / plain:.2f})"
         if plain
