@@ -12,10 +12,15 @@ short description of it, or None when it found nothing:
 - `bound_problem` and its two named cases, `batch_problem` and `speculative_problem`: a ratio
   beyond its physical bound (a batch of B cannot beat B times batch 1; a speculative pass cannot
   beat its tokens over its cost);
-- `roof_problem`: a speed above the roof of the memory level its data lives in.
+- `roof_problem`: a speed above the roof of the memory level its data lives in;
+- `wait_problem`: this process's threads waited for a CPU (another process held a core), or a
+  speed path moved to fewer threads for that reason (`memwall.machine.cpu_wait`).
 
 `verdict(text, *problems)` prints the verdict only when every check came back None, and
-otherwise one line "this run was disturbed: <what>; rerun on a quiet machine".
+otherwise one line "this run was disturbed: <what>; rerun on a quiet machine". Every verdict
+also runs `wait_problem` over the time since the previous one, which covers the measurements it
+reads: a claim about timings cannot slip through on a busy machine because a chapter forgot a
+check. Pass `timed=False` for a verdict that reads no timing.
 
 Comparisons are two-sided: `compare(a, b)` calls two timings "about the same" only when neither
 is more than `band` faster than the other, and says which one is faster otherwise.
@@ -36,6 +41,8 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memwall.machine.cpu_wait import CpuWait
+
 BAND = 0.10  # two results within 10% of each other, either way, are "about the same"
 # p90 / p10 of repeated timings above this: the machine was busy. A quiet machine stays near
 # 1.1; a brief neighbour moves the tail without moving a median, and is not a disturbance.
@@ -43,6 +50,9 @@ SPREAD_BOUND = 2.0
 STALL_SHARE = 0.6  # a probe below 60% of the run's median probe was taken during a stall
 THREAD_SLOWDOWN = 0.75  # more threads at under 0.75x the speed of one: a core was taken
 MARGIN = 1.15  # a ratio more than 15% past its physical bound is a disturbed run
+# Threads that spent more than this share of the CPU time they wanted waiting for a core: another
+# process held one. A quiet machine stays near 1% (the kernel's own work).
+WAIT_SHARE = 0.10
 COLUMN = 88  # printed lines wrap here, inside the book's output column (92 characters)
 
 
@@ -156,6 +166,20 @@ def roof_problem(
     return None
 
 
+def wait_problem(span: CpuWait, share: float = WAIT_SHARE) -> str | None:
+    """This process's threads waited for a CPU more than `share` of the time they wanted one in
+    `span`, or a speed path ran steps on fewer threads because another process held a core."""
+    waited, fewer = span.share(), span.fewer_thread_steps()
+    if waited is not None and waited > share:
+        return f"its threads waited for a CPU {waited:.0%} of the time (another program ran)"
+    if fewer:
+        return f"{fewer} decode steps ran on fewer threads (another program held a core)"
+    return None
+
+
+_since_last_verdict = CpuWait()
+
+
 def disturbed(*problems: str | None, most: int = 3) -> str | None:
     """The one line that replaces a verdict when any check found a problem (None otherwise);
     it names the first `most` problems and counts the rest."""
@@ -174,8 +198,12 @@ def wrap(text: str, width: int = COLUMN, indent: str = "  ") -> str:
     return "\n".join(lines)
 
 
-def verdict(text: str, *problems: str | None, prefix: str = "verdict: ") -> str:
-    """`prefix + text` when no check found a problem, else the disturbed line; wrapped."""
+def verdict(text: str, *problems: str | None, prefix: str = "verdict: ", timed: bool = True) -> str:
+    """`prefix + text` when no check found a problem, else the disturbed line; wrapped. A timed
+    verdict also checks that nothing held the cores since the previous one (`wait_problem`)."""
+    if timed:
+        problems = (*problems, wait_problem(_since_last_verdict))
+        _since_last_verdict.restart()
     line = disturbed(*problems)
     return wrap(line if line else prefix + text)
 

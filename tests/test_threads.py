@@ -102,3 +102,15 @@ def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(monkeypatch):
     assert meter() == pytest.approx(0.8)  # 2 cores - 0.2 idle - 1.0 own
     clock["wall"] = 12.0
     assert meter() is None  # the counters could not be read
+
+
+def test_steps_on_fewer_threads_are_noted_for_the_verdicts():
+    from memwall.machine.cpu_wait import CpuWait
+
+    span = CpuWait()
+    quiet = Machine({2: 1.0, 1: 1.8}, idle=1.0)
+    run(quiet.choice(), quiet, 200)
+    assert span.fewer_thread_steps() == 0
+    busy = Machine({2: 30.0, 1: 2.0}, idle=0.0)
+    used = run(busy.choice(), busy, 50)
+    assert span.fewer_thread_steps() == used.count(1) > 40

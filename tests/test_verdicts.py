@@ -87,7 +87,25 @@ def test_a_speed_above_its_levels_roof_is_a_roof_measured_low():
     assert roof_problem(31 * GB, 29.6 * GB) is None
 
 
-def test_the_verdict_is_replaced_by_one_disturbed_line():
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """Verdicts judged as if nothing else ran: these tests are about the wording, and the
+    machine that runs them may be busy."""
+
+    class Quiet:
+        def share(self):
+            return 0.0
+
+        def fewer_thread_steps(self):
+            return 0
+
+        def restart(self):
+            pass
+
+    monkeypatch.setattr(verdicts, "_since_last_verdict", Quiet())
+
+
+def test_the_verdict_is_replaced_by_one_disturbed_line(quiet_machine):
     assert verdict("a few rows cost what one costs") == "verdict: a few rows cost what one costs"
     assert verdict("it paid", None, None) == "verdict: it paid"
     line = verdict("it paid", batch_problem(18.84, 8), None)
@@ -101,7 +119,7 @@ def test_the_verdict_is_replaced_by_one_disturbed_line():
     assert many == "this run was disturbed: a; b; c; 2 more; rerun on a quiet machine"
 
 
-def test_printed_lines_fit_the_column():
+def test_printed_lines_fit_the_column(quiet_machine):
     long = verdict(
         "x",
         spread_problem([1.0, 9.0, 1.0, 8.0, 1.0], what="the steps of a much longer name"),
@@ -163,3 +181,72 @@ def test_fraction_of_roof_judges_a_cache_roof_a_low_roof_and_a_stall():
     assert "a stall" in stalled.problems[0]
     noted = fraction_of_roof(1 * GB, Roof("DRAM", 30 * GB, "an upper bound"))
     assert noted.notes == ("an upper bound",)
+
+
+def _fake_threads(folder, counts):
+    """/proc/self/task as Linux lays it out: one schedstat per thread (ran ns, waited ns, slices)."""
+    for tid, (ran, waited) in counts.items():
+        (folder / tid).mkdir(exist_ok=True)
+        (folder / tid / "schedstat").write_text(f"{ran} {waited} 7\n")
+
+
+def test_threads_that_waited_for_a_core_make_a_timed_verdict_disturbed(tmp_path, monkeypatch):
+    from memwall.machine import cpu_wait
+
+    _fake_threads(tmp_path, {"1": (1_000, 0), "2": (1_000, 0)})
+    span = cpu_wait.CpuWait(task_dir=tmp_path, root=tmp_path)
+    # quiet: both threads ran 1 s more and waited 5 ms between them; a third thread appears
+    _fake_threads(tmp_path, {"1": (1_000_001_000, 3_000_000), "2": (1_000_001_000, 2_000_000)})
+    _fake_threads(tmp_path, {"3": (10_000_000, 0)})
+    assert span.share() == pytest.approx(5e6 / (2.01e9 + 5e6))
+    assert verdicts.wait_problem(span) is None
+    # busy: another process held a core; the main thread waited 0.9 s for 1 s of running
+    _fake_threads(tmp_path, {"1": (2_000_001_000, 903_000_000)})
+    assert span.share() == pytest.approx(0.905e9 / (3.01e9 + 0.905e9))
+    assert "waited for a CPU 23% of the time" in verdicts.wait_problem(span)
+    monkeypatch.setattr(verdicts, "_since_last_verdict", span)
+    line = verdicts.verdict("decode is memory-bound")
+    assert line.startswith("this run was disturbed: its threads waited for a CPU")
+    assert verdicts.verdict("2 + 2 = 4", timed=False) == "verdict: 2 + 2 = 4"
+
+
+def test_a_speed_path_on_fewer_threads_makes_a_verdict_disturbed(tmp_path):
+    from memwall.machine import cpu_wait
+
+    _fake_threads(tmp_path, {"1": (0, 0)})
+    span = cpu_wait.CpuWait(task_dir=tmp_path, root=tmp_path)
+    assert verdicts.wait_problem(span) is None
+    cpu_wait.note_fewer_threads(3)
+    assert verdicts.wait_problem(span).startswith("3 decode steps ran on fewer threads")
+    span.restart()
+    assert verdicts.wait_problem(span) is None
+
+
+def test_a_containers_quota_throttling_counts_as_waiting(tmp_path):
+    from memwall.machine import cpu_wait
+
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/job\n")
+    group = tmp_path / "sys/fs/cgroup/job"
+    group.mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cgroup.controllers").write_text("cpu memory\n")
+    (group / "cpu.stat").write_text("usage_usec 10\nthrottled_usec 100\n")
+    tasks = tmp_path / "task"
+    tasks.mkdir()
+    _fake_threads(tasks, {"1": (0, 0)})
+    span = cpu_wait.CpuWait(task_dir=tasks, root=tmp_path)
+    _fake_threads(tasks, {"1": (700_000_000, 0)})
+    (group / "cpu.stat").write_text("usage_usec 10\nthrottled_usec 300100\n")
+    assert span.share() == pytest.approx(0.3)
+
+
+def test_the_wait_counters_are_read_on_linux():
+    import sys
+
+    from memwall.machine import cpu_wait
+
+    span = cpu_wait.CpuWait()
+    sum(i * i for i in range(200_000))  # some running
+    share = span.share()
+    if sys.platform.startswith("linux"):
+        assert share is not None and 0.0 <= share <= 1.0

@@ -17,6 +17,9 @@ it runs on all its threads, tries one thread now and then, and keeps whichever w
 - Trying fewer threads on a quiet machine costs a slow step too (one core streams the weights at
   a fraction of the bandwidth), so it is tried only when other processes took at least half a
   core's time since the last look: the cores' busy time less this process's own.
+
+A step on fewer threads than the machine has is noted (`memwall.machine.cpu_wait`), so a verdict
+never reads its time as the quiet machine's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import os
 import statistics
 import time
 from collections import deque
+
+from memwall.machine.cpu_wait import note_fewer_threads
 
 FIRST_TRY = 8  # steps before the other thread count is tried again after a switch
 LONGEST_WAIT = 256  # steps between tries at most: how late a change of load is noticed
@@ -83,7 +88,7 @@ class ThreadChoice:
     """The thread count of each step: `threads()` before it, `record(threads, seconds)` after."""
 
     def __init__(self, most: int, idle_cores=None, busy_elsewhere=None):
-        self.current = max(1, most)
+        self.most = self.current = max(1, most)
         self.other = 1 if self.current > 1 else None
         self.idle_cores = idle_cores or IdleCores()
         self.busy_elsewhere = busy_elsewhere or BusyElsewhere()
@@ -107,6 +112,8 @@ class ThreadChoice:
         return self.other
 
     def record(self, threads: int, seconds: float) -> None:
+        if threads < self.most:  # a smaller machine than the quiet one: verdicts must know
+            note_fewer_threads()
         if threads == self.current:
             if self.recent and seconds > SUDDEN * statistics.median(self.recent):
                 self.recent.clear()  # the older steps no longer describe this machine
