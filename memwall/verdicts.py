@@ -20,7 +20,8 @@ short description of it, or None when it found nothing:
 otherwise one line "this run was disturbed: <what>; rerun on a quiet machine". Every verdict
 also runs `wait_problem` over the time since the previous one, which covers the measurements it
 reads: a claim about timings cannot slip through on a busy machine because a chapter forgot a
-check. Pass `timed=False` for a verdict that reads no timing.
+check. Code that reads its problems before the verdict adds `machine_problem()` to them. Pass
+`timed=False` for a verdict that reads no timing.
 
 Comparisons are two-sided: `compare(a, b)` calls two timings "about the same" only when neither
 is more than `band` faster than the other, and says which one is faster otherwise.
@@ -180,6 +181,18 @@ def wait_problem(span: CpuWait, share: float = WAIT_SHARE) -> str | None:
 _since_last_verdict = CpuWait()
 
 
+class MachineProblem(str):
+    """A problem found in the machine's state rather than in the numbers (`machine_problem`)."""
+
+
+def machine_problem() -> MachineProblem | None:
+    """`wait_problem` since the previous timed verdict, for code that reads its list of problems
+    before it prints a verdict (`if not any(problems): ...`); a verdict given it does not check
+    the machine a second time."""
+    found = wait_problem(_since_last_verdict)
+    return MachineProblem(found) if found else None
+
+
 def disturbed(*problems: str | None, most: int = 3) -> str | None:
     """The one line that replaces a verdict when any check found a problem (None otherwise);
     it names the first `most` problems and counts the rest."""
@@ -202,7 +215,8 @@ def verdict(text: str, *problems: str | None, prefix: str = "verdict: ", timed: 
     """`prefix + text` when no check found a problem, else the disturbed line; wrapped. A timed
     verdict also checks that nothing held the cores since the previous one (`wait_problem`)."""
     if timed:
-        problems = (*problems, wait_problem(_since_last_verdict))
+        if not any(isinstance(problem, MachineProblem) for problem in problems):
+            problems = (*problems, machine_problem())
         _since_last_verdict.restart()
     line = disturbed(*problems)
     return wrap(line if line else prefix + text)
