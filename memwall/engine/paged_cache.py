@@ -51,6 +51,7 @@ class PagedKVCache:
         # (CPU long tensors, for a kernel that reads the blocks in place); None between passes.
         self.batch_tables = self.batch_starts = None
         self._positions, self._keys = None, 0  # [batch, new_tokens], the longest context
+        self._given = (None, None)  # the positions and mask begin() returned
         self._write_slots = self._read_slots = None  # what update() needs, made on first use
 
     @classmethod
@@ -103,7 +104,16 @@ class PagedKVCache:
         self._write_slots = self._read_slots = None
         # Key j of sequence b is its position j, so "attend to j <= my position" is the whole rule.
         mask = torch.arange(keys) <= self._positions[:, :, None]
-        return self._positions.to(self.device), mask[:, None].to(self.device)
+        self._given = (self._positions.to(self.device), mask[:, None].to(self.device))
+        return self._given
+
+    def implies(self, positions, mask) -> bool:
+        """Whether `positions` and `mask` are those begin() returned for the pass in flight (or
+        None): then the tables and starts say all they do, and a kernel may go by those."""
+        given_positions, given_mask = self._given
+        return (positions is None or positions is given_positions) and (
+            mask is None or mask is given_mask
+        )
 
     def _slots(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each (sequence, kv head, key position)'s row of a layer's pool seen as [slots,
@@ -138,6 +148,7 @@ class PagedKVCache:
         for seq_id in self._batch:
             self.blocks.advance(seq_id, self.new_tokens)
         self.batch_tables = self.batch_starts = self._positions = None
+        self._given = (None, None)
         self._write_slots = self._read_slots = None
 
     @property
