@@ -9,7 +9,8 @@ from memwall.engine.cpu.fast_decode import accelerate
 from memwall.engine.quant import quantize
 from memwall.engine.scheduler import Request, Scheduler
 
-ATTEND_CHUNK = 256  # decode_ops.h: the C attention cuts a row's context into chunks of this many
+# decode_attention.h: the C attention cuts a row's context into chunks of this many tokens
+ATTEND_CHUNK = 256
 
 
 @pytest.fixture(scope="module")

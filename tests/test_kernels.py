@@ -192,7 +192,7 @@ def test_the_packed_copy_is_made_once_and_again_after_the_weights_change():
 
 
 def attend_one(lib, qkv, keys, values, heads, lengths, threads, tables=None):
-    """The C attention of one new token per row against its cached ones (decode_ops.h): row r's
+    """The C attention of one new token per row against its cached ones (decode_attention.h): row r's
     query is at position lengths[r] - 1. keys and values are blocks [n_blocks, kv_heads,
     block_size, head_dim]; without `tables`, block r is row r's whole cache."""
     rows, _, head_dim = qkv.shape

@@ -5,8 +5,8 @@ head_dim]. Which blocks belong to which sequence is the block manager's business
 a free list, Kwon et al. 2023). Sequences in one batch may have different lengths: the layout is
 ragged, with no pad slots stored. A block is laid out as a contiguous KVCache of one sequence and
 block_size tokens, so a kernel that reads the blocks in place through the tables (the CPU fast
-path's attention, engine/cpu/decode_ops.h) runs the contiguous cache as the case of one block per
-sequence.
+path's attention, engine/cpu/decode_attention.h) runs the contiguous cache as the case of one
+block per sequence.
 
 A forward pass over a batch goes:
     positions, mask = cache.begin(seq_ids, new_tokens)   # reserve blocks, pick the batch

@@ -30,6 +30,7 @@ CPU_DIR = Path(__file__).resolve().parent
 HEADERS = (
     CPU_DIR / "common.h",
     CPU_DIR / "decode_ops.h",
+    CPU_DIR / "decode_attention.h",
     CPU_DIR / "decode_step.h",
 )  # included by every variant
 # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC

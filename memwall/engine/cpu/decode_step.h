@@ -91,8 +91,9 @@ int run_matmul(const struct matmul_spec *m, const float *x, float *y, long rows,
 /* Every layer of a one-token step for `rows` sequences, row r at positions[r], then the final
  * norm, on the fast path's buffers (x [rows, d] is the residual stream; h, qkv, attn, delta,
  * gate_up and act as their names say). cos and sin are the rotary tables [positions, head_dim].
- * The caches hold `layer_stride` floats per layer, in blocks through `tables` [rows, table_width]
- * (decode_ops.h's layout). Leaves the output head's input in h. Returns 0, or -1 as run_matmul. */
+ * The caches hold `layer_stride` floats per layer, in blocks through `tables` [rows,
+ * table_width] (decode_attention.h's layout). Leaves the output head's input in h. Returns 0, or
+ * -1 as run_matmul. */
 int decode_layers(const struct layer_spec *layers, long n_layers, const float *final_norm,
                   float final_eps, float *x, float *h, float *qkv, float *attn, float *delta,
                   float *gate_up, float *act, const float *cos, const float *sin, float *k_cache,
