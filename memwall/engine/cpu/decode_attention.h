@@ -88,25 +88,29 @@ static inline __attribute__((always_inline)) void attend_chunk(
     const float *q, const float *k_cache, const float *v_cache, const long *seg_at,
     const long *seg_len, long segs, long n, long next_at, long head_dim, float scale,
     float *scores, long length, float *partial, long partial_stride, const int hn) {
-    /* ask for the cache PREFETCH_AHEAD_BYTES ahead: far enough to cover memory's latency */
-    long ahead = PREFETCH_AHEAD_BYTES / (long)(sizeof(float) * head_dim);
-    ahead = ahead < 2 ? 2 : ahead;
+    /* Ask for the cache PREFETCH_AHEAD_BYTES ahead, far enough to cover memory's latency. The
+     * token that far ahead is followed through the segments (small blocks lie anywhere), then on
+     * into the next job: segment `ps`, token `po` of it (past the last segment, po counts tokens
+     * into the next job). */
+    long ahead = PREFETCH_AHEAD_BYTES / (long)(sizeof(float) * head_dim), ps = 0;
+    long po = ahead < 2 ? 2 : ahead;
+    while (ps < segs && po >= seg_len[ps]) po -= seg_len[ps++];
     /* Two tokens at a time: their dot products are independent sums, so neither waits for the
      * other's additions. The `omp simd` reductions let the compiler split each sum across vector
      * lanes (plain C may not reorder a float sum). */
     for (long s = 0, t0 = 0; s < segs; t0 += seg_len[s], s++) {
-        const float *keys = k_cache + seg_at[s], *values = v_cache + seg_at[s];
-        long m = seg_len[s], next = s + 1 < segs ? seg_at[s + 1] : next_at;
-        const float *next_keys = k_cache + next, *next_values = v_cache + next;
+        const float *keys = k_cache + seg_at[s];
+        long m = seg_len[s];
         float *seg_scores = scores + t0;
         for (long t = 0; t < m; t += 2) {
-            for (long u = t + ahead; u < t + ahead + 2; u++) {
-                const float *k = u < m ? keys + u * head_dim : next_keys + (u - m) * head_dim;
-                const float *v = u < m ? values + u * head_dim : next_values + (u - m) * head_dim;
+            for (long u = t; u < t + 2 && u < m; u++) { /* one token asked for per token scored */
+                long at = (ps < segs ? seg_at[ps] : next_at) + po * head_dim;
                 for (long i = 0; i < head_dim; i += 16) {
-                    __builtin_prefetch(k + i);
-                    __builtin_prefetch(v + i);
+                    __builtin_prefetch(k_cache + at + i);
+                    __builtin_prefetch(v_cache + at + i);
                 }
+                if (ps < segs && ++po == seg_len[ps]) ps++, po = 0;
+                else if (ps >= segs) po++;
             }
             const float *key = keys + t * head_dim, *key2 = key + head_dim;
             for (int j = 0; j < hn; j++) {
