@@ -102,7 +102,7 @@ test: $(STAMP) browser sandbox lint test-paths
 # no setting changes its tests. The full run above uses the fixed rule, and runs the tests marked
 # `once` (compiling, sampling statistics). The dequant line pins the float formats too, so that
 # only `auto` times paths.
-ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py threads.py)
+ENGINE_TESTS := $(addprefix tests/test_,engine.py kernels.py quant.py batching.py threads.py fast_scheduler.py)
 KERNEL_SETTINGS := \
     MEMWALL_KERNEL_PATH=fp32:c,bf16:c,fp16:bmm,int8:c,int4:c \
     MEMWALL_KERNEL_PATH=fp32:bmm,bf16:linear,fp16:linear,int8:c_many,int4:c_many \

@@ -191,20 +191,26 @@ def test_the_packed_copy_is_made_once_and_again_after_the_weights_change():
         assert close(cpu_kernels.fp32_packed_linear(x, made_there), x @ made_there.t())
 
 
-def attend_one(lib, qkv, keys, values, heads, length, threads):
-    """The C attention of one new token per row against `length` cached ones (decode_ops.h)."""
+def attend_one(lib, qkv, keys, values, heads, lengths, threads, tables=None):
+    """The C attention of one new token per row against its cached ones (decode_attention.h): row r's
+    query is at position lengths[r] - 1. keys and values are blocks [n_blocks, kv_heads,
+    block_size, head_dim]; without `tables`, block r is row r's whole cache."""
     rows, _, head_dim = qkv.shape
-    kv_heads, max_tokens = keys.shape[1], keys.shape[2]
+    kv_heads, block_size = keys.shape[1], keys.shape[2]
+    lengths = torch.as_tensor(lengths).expand(rows)
+    positions = (lengths - 1).contiguous()
+    tables = torch.arange(rows)[:, None] if tables is None else tables.contiguous()
     out = torch.empty(rows, heads, head_dim)
-    scratch = torch.empty(lib.attend_scratch_floats(rows, heads, head_dim, length))
+    scratch = torch.empty(lib.attend_scratch_floats(rows, heads, head_dim, int(lengths.max())))
     ptr = torch.Tensor.data_ptr
     lib.attend_one(
         *map(ptr, (qkv, keys, values, out)),
-        *(heads, kv_heads, head_dim, length, max_tokens),
+        *(heads, kv_heads, head_dim),
+        *map(ptr, (positions, tables)),
+        *(tables.shape[1], block_size),
         ptr(scratch),
         threads,
         rows,
-        keys.stride(0),
     )
     return out
 
@@ -242,6 +248,40 @@ def test_decode_ops_of_every_variant_match_pytorch(variant):
         # the last row alone, on one thread, gets the same bits as in the batch on two
         alone = attend_one(lib, qkv[-1:], keys[-1:], values[-1:], heads, length, threads=1)
         assert torch.equal(alone[0], out[-1])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("block_size", [1, 4, 7, 16, 300])
+def test_attention_reads_a_paged_cache_in_place(variant, block_size):
+    """Rows of different lengths (one crossing ATTEND_CHUNK twice), their blocks scattered over
+    a pool: each row against its own tokens, read through its block table."""
+    lib = cpu_kernels.variant_library(variant)
+    heads, kv_heads, head_dim = 6, 2, 72
+    lengths = torch.tensor([5, 600, 1, 257, 33])
+    needed = [-(-int(n) // block_size) for n in lengths]
+    g = torch.Generator().manual_seed(block_size)
+    order = torch.randperm(sum(needed) + 3, generator=g)  # blocks in no order, a few free
+    tables = torch.zeros(len(lengths), max(needed), dtype=torch.long)
+    for row, count in enumerate(needed):
+        tables[row, :count], order = order[:count], order[count:]
+    qkv = seeded(len(lengths), heads + 2 * kv_heads, head_dim, seed=block_size) * 4
+    pool = seeded(2, sum(needed) + 3, kv_heads, block_size, head_dim, seed=block_size + 1)
+    keys, values = pool.unbind(0)
+    out = attend_one(lib, qkv, keys, values, heads, lengths, threads=2, tables=tables)
+    for row, length in enumerate(lengths.tolist()):
+        t = torch.arange(length)
+        blocks = tables[row, t // block_size]
+        k, v = (c[blocks, :, t % block_size].transpose(0, 1) for c in (keys, values))
+        q = qkv[row, :heads, None].double()  # [heads, 1, head_dim]
+        group = heads // kv_heads
+        k, v = (c.repeat_interleave(group, 0).double() for c in (k, v))
+        reference = F.scaled_dot_product_attention(q, k, v)
+        assert close(out[row].double(), reference[:, 0])
+        # alone, on one thread, the row gets the bits it got in the batch
+        alone = attend_one(
+            lib, qkv[row : row + 1], keys, values, heads, [length], 1, tables[row : row + 1]
+        )
+        assert torch.equal(alone[0], out[row])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

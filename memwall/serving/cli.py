@@ -158,8 +158,9 @@ def run_serve(args):
         api_key=api_key,
         allowed_origins=origins,
     )
-    # Where the fused step cannot run a step (a paged cache), the accelerated model runs the
-    # readable engine's code with this machine's kernels in its layers: say so.
+    # The CPU fused step runs the scheduler's decode steps on its paged cache in place. Where it
+    # cannot (the C kernels off, a bf16 model, or CUDA graphs, which need a static cache), the
+    # accelerated model runs the readable engine's code with this machine's kernels: say so.
     why_not = getattr(model, "fallback_reason", None) if args.fast == "on" else None
     fallback = why_not(server.loop.scheduler.cache) if callable(why_not) else None
     if fallback:

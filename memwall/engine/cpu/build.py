@@ -30,6 +30,7 @@ CPU_DIR = Path(__file__).resolve().parent
 HEADERS = (
     CPU_DIR / "common.h",
     CPU_DIR / "decode_ops.h",
+    CPU_DIR / "decode_attention.h",
     CPU_DIR / "decode_step.h",
 )  # included by every variant
 # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC
@@ -192,8 +193,11 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "int4_blocked_linear_many": ([pointer] * 4 + [long] * 5 + [c_int], c_int),
         "memwall_cpu_features": ([], c_int),
         "add_rmsnorm": ([pointer] * 4 + [long, long, ctypes.c_float, c_int], None),
-        "rope_and_store": ([pointer] * 3 + [long] * 3 + [pointer] * 2 + [long] * 4 + [c_int], None),
-        "attend_one": ([pointer] * 4 + [long] * 5 + [pointer, c_int, long, long], None),
+        "rope_and_store": ([pointer] * 3 + [long] * 3 + [pointer] * 4 + [long] * 3 + [c_int], None),
+        "attend_one": (
+            [pointer] * 4 + [long] * 3 + [pointer] * 2 + [long] * 2 + [pointer, c_int, long],
+            None,
+        ),
         "attend_scratch_floats": ([long] * 4, long),
         "silu_mul": ([pointer] * 2 + [long, long, c_int], None),
         "add_into": ([pointer] * 2 + [long, long], None),
@@ -204,7 +208,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "decode_layers": (
             [ctypes.POINTER(LayerSpec), long, pointer, ctypes.c_float]
             + [pointer] * 11
-            + [long] * 9
+            + [long]
+            + [pointer] * 2
+            + [long] * 7
             + [pointer, long, c_int, MatmulElsewhere],
             c_int,
         ),

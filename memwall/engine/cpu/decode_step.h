@@ -88,26 +88,29 @@ int run_matmul(const struct matmul_spec *m, const float *x, float *y, long rows,
     return status;
 }
 
-/* Every layer of a one-token step for `rows` sequences at `position`, then the final norm, on the
- * fast path's buffers (x [rows, d] is the residual stream; h, qkv, attn, delta, gate_up and act as
- * their names say). The caches hold `layer_stride` floats per layer and `row_stride` per
- * sequence. Leaves the output head's input in h. Returns 0, or -1 as run_matmul. */
+/* Every layer of a one-token step for `rows` sequences, row r at positions[r], then the final
+ * norm, on the fast path's buffers (x [rows, d] is the residual stream; h, qkv, attn, delta,
+ * gate_up and act as their names say). cos and sin are the rotary tables [positions, head_dim].
+ * The caches hold `layer_stride` floats per layer, in blocks through `tables` [rows,
+ * table_width] (decode_attention.h's layout). Leaves the output head's input in h. Returns 0, or
+ * -1 as run_matmul. */
 int decode_layers(const struct layer_spec *layers, long n_layers, const float *final_norm,
                   float final_eps, float *x, float *h, float *qkv, float *attn, float *delta,
                   float *gate_up, float *act, const float *cos, const float *sin, float *k_cache,
-                  float *v_cache, long layer_stride, long row_stride, long position,
-                  long max_tokens, long heads, long kv_heads, long head_dim, long d, long d_ff,
-                  float *scratch, long rows, int threads, matmul_elsewhere elsewhere) {
+                  float *v_cache, long layer_stride, const long *positions, const long *tables,
+                  long table_width, long block_size, long heads, long kv_heads, long head_dim,
+                  long d, long d_ff, float *scratch, long rows, int threads,
+                  matmul_elsewhere elsewhere) {
     const float *residual = NULL; /* the first norm has nothing to add */
     for (long i = 0; i < n_layers; i++) {
         const struct layer_spec *layer = layers + i;
         float *k_layer = k_cache + i * layer_stride, *v_layer = v_cache + i * layer_stride;
         add_rmsnorm(x, residual, layer->norm1, h, rows, d, layer->eps1, threads);
         if (run_matmul(&layer->qkv, h, qkv, rows, threads, elsewhere)) return -1;
-        rope_and_store(qkv, cos, sin, heads, kv_heads, head_dim, k_layer, v_layer, position,
-                       max_tokens, rows, row_stride, threads);
-        attend_one(qkv, k_layer, v_layer, attn, heads, kv_heads, head_dim, position + 1,
-                   max_tokens, scratch, threads, rows, row_stride);
+        rope_and_store(qkv, cos, sin, heads, kv_heads, head_dim, k_layer, v_layer, positions,
+                       tables, table_width, block_size, rows, threads);
+        attend_one(qkv, k_layer, v_layer, attn, heads, kv_heads, head_dim, positions, tables,
+                   table_width, block_size, scratch, threads, rows);
         if (run_matmul(&layer->out, attn, delta, rows, threads, elsewhere)) return -1;
         add_rmsnorm(x, delta, layer->norm2, h, rows, d, layer->eps2, threads);
         if (run_matmul(&layer->gate_up, h, gate_up, rows, threads, elsewhere)) return -1;

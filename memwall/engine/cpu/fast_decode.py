@@ -4,14 +4,15 @@ A decode step of a small model is hundreds of small PyTorch operations. Each cos
 dispatch, so on a fast CPU the step can be bound by overhead, not by reading the weights (chapter
 2's third regime). `accelerate(model)` gives a readable `Transformer` (fp32, int8 or int4 linears)
 CPU twins for its linear layers (`linears.py`) and wraps it so that a one-token step, for one
-sequence or a batch that shares one KVCache, runs its layers in one call into memwall's C library
-(decode_step.h), on buffers allocated once per batch size: per layer a fused residual-add and
-RMSNorm, the matmuls on the paths `path_choice.choose` picked for that many rows, rotary embedding
-and the cache write in one op, attention of one query per sequence (each chunk of cached keys and
-values read once for the query heads that share it), SiLU times up. A matmul whose chosen path is
-PyTorch's is called back in Python. Everything else (prefill, paged caches, bf16) runs the twins
-through the readable model's own code, which stays the reference: tests check that both give the
-same tokens and logits.
+sequence or a batch on one KVCache, or a batch of the scheduler's on its PagedKVCache (each row at
+its own position), runs its layers in one call into memwall's C library (decode_step.h), on
+buffers allocated once per batch size: per layer a fused residual-add and RMSNorm, the matmuls on
+the paths `path_choice.choose` picked for that many rows, rotary embedding and the cache write in
+one op, attention of one query per sequence (each chunk of cached keys and values read once for
+the query heads that share it, the paged cache's blocks read in place through its block tables),
+SiLU times up. A matmul whose chosen path is PyTorch's is called back in Python. Everything else
+(prefill, bf16) runs the twins through the readable model's own code, which stays the reference:
+tests check that both give the same tokens and logits.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from memwall.engine.cpu.build import LayerSpec, MatmulElsewhere, MatmulSpec
 from memwall.engine.cpu.linears import with_twins
 from memwall.engine.cpu.threads import ThreadChoice
 from memwall.engine.kv_cache import KVCache
+from memwall.engine.paged_cache import PagedKVCache
 from memwall.machine.cores import usable_cores
 
 MAX_ROWS = 64  # sequences per step; the matmul path for each row count is chosen by measurement
@@ -65,6 +67,10 @@ class _Plan:
         # how many of them each step uses: fewer while another process holds a core (threads.py)
         self.thread_choice = ThreadChoice(min(threads, usable_cores()))
         self.layers, self.matmuls, self.shape = layers, matmuls, shape
+        rows = buf["x"].shape[0]
+        # a KVCache's rows as the C step sees caches: one block each, all at one position
+        self.own_block = torch.arange(rows)[:, None]
+        self.positions = torch.zeros(rows, dtype=torch.long)
         self.packed = [matmul for matmul in matmuls if matmul.panels is not None]
         self.buffers = tuple(  # decode_layers' buffer arguments, in its order
             _ptr(buf[name]) for name in ("x", "h", "qkv", "attn", "delta", "gate_up", "act")
@@ -103,13 +109,14 @@ class _Plan:
 
 
 class FastDecoder(nn.Module):
-    """`model` with one-token steps of up to MAX_ROWS sequences that share one contiguous fp32
-    KVCache (so one length) run by memwall's C library."""
+    """`model` with one-token steps of up to MAX_ROWS sequences run by memwall's C library: on one
+    contiguous fp32 KVCache (one length), or on a PagedKVCache after `begin(seq_ids, 1)`."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self._plans = {}  # rows -> buffers and bound calls, built on the first step of that size
+        self.fused_steps = 0  # steps that ran in C (the others ran the readable model's code)
 
     def __getattr__(self, name):
         try:
@@ -122,30 +129,40 @@ class FastDecoder(nn.Module):
         if not kernels.available():
             return kernels.unavailable_reason() or "memwall's CPU kernels are switched off"
         if not (
-            type(cache) is KVCache
+            type(cache) in (KVCache, PagedKVCache)
             and cache.keys.dtype == torch.float32
             and cache.keys.device.type == "cpu"
+            and cache.keys.is_contiguous()
             and self.model.embed.weight.dtype == torch.float32
         ):
-            return "the fast path takes fp32 models with a plain KV cache in CPU memory"
+            return "the fast path takes fp32 models with a KV cache (plain or paged) in CPU memory"
         return None
 
     def handles(self, tokens, cache, positions, mask) -> bool:
-        return (
+        """Whether this step runs in C. A paged cache's batch is the one begin() reserved one new
+        token for, whose positions and mask its block tables and lengths imply."""
+        if not (
             tokens.dim() == 2
             and tokens.shape[1] == 1
             and 1 <= tokens.shape[0] <= MAX_ROWS
-            and positions is None
-            and mask is None
             and self.fallback_reason(cache) is None
-            and cache.keys.shape[1] == tokens.shape[0]
+        ):
+            return False
+        if type(cache) is KVCache:
+            return positions is None and mask is None and cache.keys.shape[1] == tokens.shape[0]
+        return (
+            cache.batch_tables is not None
+            and cache.new_tokens == 1
+            and cache.batch_tables.shape[0] == tokens.shape[0]
+            and cache.implies(positions, mask)
         )
 
     def forward(self, tokens, cache=None, *, positions=None, mask=None, last_only=False):
         if cache is None or not self.handles(tokens, cache, positions, mask):
             return self.model(tokens, cache, positions=positions, mask=mask, last_only=last_only)
-        if cache.length + 1 > min(cache.max_tokens, self.model.max_positions):
-            return self.model(tokens, cache, last_only=last_only)  # raises the usual error
+        room = cache.max_tokens if type(cache) is KVCache else self.model.max_positions
+        if cache.length + 1 > min(room, self.model.max_positions):  # raises the usual error
+            return self.model(tokens, cache, positions=positions, mask=mask, last_only=last_only)
         return self._step(tokens[:, 0], cache)[:, None]
 
     def _build(self, rows: int):
@@ -184,18 +201,22 @@ class FastDecoder(nn.Module):
         )
 
     @torch.inference_mode()
-    def _step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def _step(self, tokens: torch.Tensor, cache: KVCache | PagedKVCache) -> torch.Tensor:
         rows = tokens.shape[0]
         plan = self._plans.get(rows)
         if plan is None or plan.threads != torch.get_num_threads() or plan.stale():
             self._build(rows)  # first step of this size, or the threads or weights changed since
             plan = self._plans[rows]
         m = self.model
-        position = cache.length
+        longest = cache.length + 1  # the longest row's context, this step's token included
+        if type(cache) is KVCache:
+            plan.positions.fill_(cache.length)
+            positions, tables, block_size = plan.positions, plan.own_block, cache.max_tokens
+        else:
+            positions, tables = cache.batch_starts, cache.batch_tables
+            block_size = cache.blocks.block_size
         torch.index_select(m.embed.weight, 0, tokens, out=plan.buf["x"])
-        scratch = torch.empty(
-            plan.lib.attend_scratch_floats(rows, m.n_heads, m.head_dim, position + 1)
-        )
+        scratch = torch.empty(plan.lib.attend_scratch_floats(rows, m.n_heads, m.head_dim, longest))
         threads = plan.thread_choice.threads()
         start = time.perf_counter()
         status = plan.lib.decode_layers(
@@ -204,14 +225,15 @@ class FastDecoder(nn.Module):
             _ptr(m.norm.weight),
             m.norm.eps,
             *plan.buffers,
-            _ptr(m.rotary.cos[position]),
-            _ptr(m.rotary.sin[position]),
+            _ptr(m.rotary.cos),
+            _ptr(m.rotary.sin),
             _ptr(cache.keys),
             _ptr(cache.values),
             cache.keys.stride(0),
-            cache.keys.stride(1),
-            position,
-            cache.max_tokens,
+            _ptr(positions),
+            _ptr(tables),
+            tables.shape[1],
+            block_size,
             *plan.shape,
             _ptr(scratch),
             rows,
@@ -221,13 +243,18 @@ class FastDecoder(nn.Module):
         plan.raise_failure(status)
         plan.run(plan.matmuls[-1], threads)  # the output head
         plan.thread_choice.record(threads, time.perf_counter() - start)
-        cache.length += 1
+        if type(cache) is KVCache:
+            cache.length += 1
+        else:
+            cache.commit()
+        self.fused_steps += 1
         return plan.buf["logits"].clone()
 
 
 def accelerate(model: nn.Module) -> FastDecoder:
     """A new model over `model`'s weights whose linear layers are CPU twins and whose one-token
-    decode steps (batch 1 to MAX_ROWS on one KVCache) skip PyTorch's per-operation overhead.
+    decode steps (batch 1 to MAX_ROWS on one KVCache or a PagedKVCache) skip PyTorch's
+    per-operation overhead.
 
     Accelerate the model as it will run (after `quantize`): the first step binds its buffers."""
     return FastDecoder(with_twins(model))
