@@ -6,8 +6,8 @@
 Each chapter runs top to bottom in a fresh kernel (nbclient); after its last cell the kernel's
 high-water mark (VmHWM in /proc/PID/status, Linux only) is read before the kernel shuts down.
 The kernels get the environment binder/start gives a Binder session.
-The book test checks the largest of these through the build's own children (tests/book_build.py);
-this script says which chapter it was.
+The book test judges the same figure, recorded by each chapter's kernel during the build
+(tests/book_build.py); this script also says which cell raised it (--cells).
 """
 
 import argparse
