@@ -15,6 +15,8 @@ in the temp folder between partial builds; `--no-execute` skips execution altoge
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -119,6 +121,70 @@ def binder_session_env(start: Path = REPO / "binder" / "start") -> dict[str, str
     return dict(exports)
 
 
+# Each chapter's kernel records its own peak: an IPython startup file (in an IPYTHONDIR that only
+# the build's kernels see) writes, after every cell, the kernel's high-water mark and a hash of
+# each cell it ran, so that the book test can name the chapter that went over Binder's budget.
+KERNEL_PEAKS_ENV = "MEMWALL_KERNEL_PEAKS"  # as the startup file below reads it
+_KERNEL_PEAK_STARTUP = """
+def _memwall_record_peak(result, _cells=[]):
+    import hashlib, json, os
+    from pathlib import Path
+
+    _cells.append(hashlib.sha1((result.info.raw_cell or "").strip().encode()).hexdigest())
+    try:  # VmHWM is Linux's; elsewhere, or if the folder is gone, nothing is recorded
+        status = Path("/proc/self/status").read_text().splitlines()
+        peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+        record = Path(os.environ["MEMWALL_KERNEL_PEAKS"]) / f"{os.getpid()}.json"
+        record.with_suffix(".part").write_text(
+            json.dumps({"pid": os.getpid(), "peak_rss_bytes": peak, "cells": _cells}))
+        os.replace(record.with_suffix(".part"), record)
+    except (OSError, StopIteration, KeyError):
+        pass
+
+
+if __import__("os").environ.get("MEMWALL_KERNEL_PEAKS"):
+    get_ipython().events.register("post_run_cell", _memwall_record_peak)
+del _memwall_record_peak
+"""
+
+
+def kernel_peak_env(build_dir: Path) -> dict[str, str]:
+    """The variables that make the build's kernels record their peaks under build_dir (emptied)."""
+    peaks, ipython = build_dir / "kernel_peaks", build_dir / "ipython"
+    shutil.rmtree(peaks, ignore_errors=True)
+    peaks.mkdir(parents=True)
+    startup = ipython / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)
+    (startup / "00-memwall-kernel-peak.py").write_text(_KERNEL_PEAK_STARTUP)
+    return {"IPYTHONDIR": str(ipython), KERNEL_PEAKS_ENV: str(peaks)}
+
+
+def _cell_hashes(notebook: Path) -> set[str]:
+    import nbformat
+
+    cells = nbformat.read(str(notebook), as_version=4).cells
+    return {
+        hashlib.sha1(c.source.strip().encode()).hexdigest() for c in cells if c.cell_type == "code"
+    }
+
+
+def chapter_peaks(build_dir: Path = BUILD_DIR, root: Path = REPO) -> dict[str, int]:
+    """{chapter: peak resident bytes of the kernel that ran it} from the last build's records.
+
+    A kernel is matched to the chapter (chapters/*.ipynb, generated from the sources the book
+    runs) that shares the most cells with what it ran; a chapter run twice keeps its larger peak."""
+    chapters = {p.stem: _cell_hashes(p) for p in sorted((root / "chapters").glob("*.ipynb"))}
+    peaks: dict[str, int] = {}
+    for path in sorted((build_dir / "kernel_peaks").glob("*.json")):
+        record = json.loads(path.read_text())
+        ran = set(record["cells"])
+        name, shared = max(((n, len(ran & cells)) for n, cells in chapters.items()),
+                           key=lambda pair: pair[1], default=(None, 0))  # fmt: skip
+        if name is not None and shared * 2 > len(ran):  # most of its cells are that chapter's
+            peaks[name] = max(peaks.get(name, 0), record["peak_rss_bytes"])
+    return peaks
+
+
 def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookBuild:
     """Run jupyter-book on book_root; the log is also written to <book_root>/_build/book-build.log."""
     drop_stale_execution_cache(book_root)
@@ -131,7 +197,8 @@ def run_build(book_root: Path = REPO, extra_args: tuple[str, ...] = ()) -> BookB
     command = [sys.executable, "-c", _PEAK_RSS_PARENT, *command]
     result = subprocess.run(command, cwd=book_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", timeout=BUILD_TIMEOUT_S,
-                            env={**os.environ, **binder_session_env()})  # fmt: skip
+                            env={**os.environ, **binder_session_env(),
+                                 **kernel_peak_env(book_root / "_build")})  # fmt: skip
     log = f"{result.stdout}\nbuild took {time.monotonic() - started:.0f} s\nexit status {result.returncode}\n"
     (book_root / "_build").mkdir(exist_ok=True)
     (book_root / "_build" / "book-build.log").write_text(log)

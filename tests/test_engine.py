@@ -312,6 +312,27 @@ def test_fast_decode_on_the_packed_path_follows_changes_to_the_weights(tiny_engi
     assert_fast_steps_match(fast, model, seed=8, rows=6)
 
 
+def test_fast_decode_makes_no_packed_copy_that_the_memory_budget_cannot_hold(
+    tiny_engine, monkeypatch
+):
+    """A packed copy is a second copy of the model's weights: where the whole copy does not fit
+    the memory budget (a 1-2 GB container), no layer is offered the "packed" path, pinned or not."""
+    import copy
+
+    from memwall.engine.cpu import kernels, linears
+    from memwall.engine.linear import Linear
+
+    monkeypatch.setenv("MEMWALL_KERNEL_PATH", "fp32:packed")
+    model = copy.deepcopy(tiny_engine)
+    monkeypatch.setattr(linears, "buffer_budget_bytes", lambda: 4096)  # far below the model
+    fast = fast_or_skip(model)
+    assert_fast_steps_match(fast, model, seed=7, rows=6)
+    assert not {matmul.path for matmul in fast._plans[6].matmuls} & {"packed"}
+    assert not any(
+        id(m.weight) in kernels._panels for m in model.modules() if isinstance(m, Linear)
+    )
+
+
 def test_fast_decode_runs_the_pinned_w8a8_path_as_the_readable_engine_does(
     tiny_engine, monkeypatch
 ):

@@ -50,7 +50,8 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return codes.float() * scales[:, None].float()
+    # in place on the fresh fp32 copy: a large matrix (the output head) is then held once, not twice
+    return codes.to(torch.float32, copy=True).mul_(scales[:, None].float())
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,8 +80,14 @@ def dequantize_int4(codes: torch.Tensor, scale_zero: torch.Tensor, group_size: i
     """Inverse of `quantize_int4`: (q - 8) * s + z, as fp32 [out, in]."""
     out_features, in_features = codes.shape
     scale, zero = scale_zero.float().transpose(0, 1).unbind(-1)  # each [out, groups]
-    groups = codes.float().reshape(out_features, -1, group_size)
-    return ((groups - 8) * scale[..., None] + zero[..., None]).reshape(out_features, in_features)
+    groups = codes.to(torch.float32, copy=True).reshape(out_features, -1, group_size)
+    # in place on the fresh fp32 copy (the same operations): one copy of the matrix, not three
+    return (
+        groups.sub_(8)
+        .mul_(scale[..., None])
+        .add_(zero[..., None])
+        .reshape(out_features, in_features)
+    )
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from memwall.engine.cpu import kernels, path_choice
 from memwall.engine.cpu.build import MatmulSpec
 from memwall.engine.linear import Linear
 from memwall.engine.quant import Int4Linear, Int8Linear, dequantize_int4
+from memwall.machine import buffer_budget_bytes
 
 FORMAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # "packed" reads a second copy of the weights, so it is offered only to the fused step's batches:
@@ -42,6 +43,14 @@ FORMAT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 PACKED_ROWS = (5, 64)
 INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)  # what aten._weight_int4pack_mm_for_cpu accepts
 KERNEL_ACTIVATION_DTYPE = torch.bfloat16  # what PyTorch's packed kernels take
+
+
+def packed_copy_fits(nbytes: int) -> bool:
+    """Whether a packed copy of `nbytes` of fp32 weights may be made. It is a second copy of a
+    model's weights, so it must fit the budget of one measurement's buffers (an eighth of the
+    available memory, at most 256 MiB: `buffer_budget_bytes`): a model beside its own copy would
+    not fit a 1-2 GB container such as Binder's."""
+    return nbytes <= buffer_budget_bytes()
 
 
 class _Twin(nn.Module):
@@ -79,6 +88,8 @@ class CpuLinear(_Twin):
         self.weight, self.bias = layer.weight, layer.bias
         splits = splits or torch.get_num_threads()
         self.splits = splits if splits > 1 and self.out_features % splits == 0 else 1
+        # with_twins decides this for a whole model, whose copies would all be kept together
+        self.packed_copy = packed_copy_fits(self.weight.numel() * self.weight.element_size())
 
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
         """x W^T + b through one path: "c", "packed", "bmm" or "linear"."""
@@ -108,9 +119,14 @@ class CpuLinear(_Twin):
         return (*c, *bmm, "linear")
 
     def step_paths_for(self, x: torch.Tensor) -> tuple[str, ...]:
-        """paths_for's, and "packed" for batched decode's row counts (PACKED_ROWS)."""
+        """paths_for's, and "packed" for batched decode's row counts (PACKED_ROWS) where the
+        packed copy fits the memory budget (`packed_copy`)."""
         rows = x.numel() // max(x.shape[-1], 1)
-        packed = PACKED_ROWS[0] <= rows <= PACKED_ROWS[1] and kernels.packed_fits(x, self.weight)
+        packed = (
+            self.packed_copy
+            and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]
+            and kernels.packed_fits(x, self.weight)
+        )
         options = self.paths_for(x)
         return (options[0], "packed", *options[1:]) if packed and "c" in options else options
 
@@ -351,4 +367,11 @@ def with_twins(model: nn.Module) -> nn.Module:
         parent_name, _, attr = name.rpartition(".")
         parent = fast.get_submodule(parent_name)
         setattr(parent, attr, twin_of(getattr(parent, attr)))
+    # The fused step packs every layer that takes the "packed" path, and keeps the copies
+    # together: allowed only where the whole model's copy fits the memory budget.
+    floats = [m for m in fast.modules() if isinstance(m, CpuLinear)]
+    weights = {m.weight.data_ptr(): m.weight.numel() * m.weight.element_size() for m in floats}
+    fits = packed_copy_fits(sum(weights.values()))
+    for twin in floats:
+        twin.packed_copy = fits
     return fast

@@ -14,7 +14,8 @@ the best path look like the worst.
 The candidates (a twin lists the ones that can take a given input; linears.py describes them):
   fp32, bf16, fp16: "c" (memwall's C kernel), "bmm" (the row split), "linear" (F.linear);
                     the fast decode step's batches also "packed" for fp32 (C, on a copy of the
-                    weights packed in panels, made only for a layer that takes this path)
+                    weights packed in panels, made only for a layer that takes this path, and
+                    offered only where a copy of the model fits the memory budget)
   int8, int4:       "c" (C, a few rows at a time), "c_many" (C, chunks of dequantized weights),
                     and for int8 "c_row" (C, one row of codes at a time),
                     "torch" (PyTorch's packed kernels, bf16 activations), "dequant" (reference)
@@ -96,7 +97,18 @@ def choose(layer, x: torch.Tensor, fast_step: bool = False) -> str:
     rows = x.numel() // max(x.shape[-1], 1)
     spec = os.environ.get(ENV)
     switched_off = kernels._switched_off
-    key = (layer.kernel_key(), rows, x.dtype, x.device.type, switched_off, spec, fast_step)
+    # twins of one shape may differ in whether they may make a packed copy (linears.py)
+    packed_copy = fast_step and getattr(layer, "packed_copy", False)
+    key = (
+        layer.kernel_key(),
+        rows,
+        x.dtype,
+        x.device.type,
+        switched_off,
+        spec,
+        fast_step,
+        packed_copy,
+    )
     path = _memo.get(key)
     if path is None:
         path = _memo[key] = _decide(layer, x, rows, parse_pins(spec), fast_step)
