@@ -176,3 +176,28 @@ def test_dram_that_was_not_measured_is_named_as_a_bound():
     measured = a_measurement(memory_level=LAST_LEVEL_CACHE, cache_bandwidth=30e9)
     roof = measured.roof_for(538 * MiB, HUGE_L3)
     assert roof.level == "DRAM" and roof.bandwidth == 30e9 and "upper bound" in roof.note
+
+
+def test_openmp_spins_briefly_unless_torch_loaded_first_or_the_user_chose():
+    from memwall.machine.cores import SHORT_SPIN, spin_briefly
+
+    environ = {}
+    assert spin_briefly(environ, modules={}) and environ == {"GOMP_SPINCOUNT": SHORT_SPIN}
+    chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert not spin_briefly(chosen, modules={}) and "GOMP_SPINCOUNT" not in chosen
+    environ = {}
+    assert not spin_briefly(environ, modules={"torch": object()}) and environ == {}
+
+
+def test_importing_memwall_before_torch_sets_the_spin_for_openmp():
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, memwall, torch; print(os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "1000", out.stderr
+    late = "import os, torch, memwall; print(os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", late], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "None", out.stderr
