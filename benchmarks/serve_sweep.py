@@ -14,8 +14,9 @@ own process while it is measured; the load generator runs in a process of its ow
 
 `--llamacpp` installs llama-cpp-python[server] into benchmarks/.venv-llamacpp on first use (pip,
 network needed once; never part of `make test`) and serves the shipped SmolLM2 Q4_1 GGUF with
-2 threads. That server runs one request at a time and may interrupt a running request when a new
-one arrives; `bench serve` reports such requests as cut short, not as ok.
+2 threads. That server runs one request at a time; it is started with `--interrupt_requests False`,
+since by default a new request cuts the running one short (`bench serve` would count those as cut
+short, not as ok).
 """
 
 from __future__ import annotations
@@ -87,7 +88,11 @@ def llamacpp_command(port: int) -> list[str]:
     from memwall import models
 
     command = [str(python), "-m", "llama_cpp.server", "--model", str(models.gguf_path())]
-    return command + ["--n_threads", "2", "--host", "127.0.0.1", "--port", str(port)]
+    # Without --interrupt_requests False a new request cuts the running one short (its default).
+    return command + [
+        "--n_threads", "2", "--interrupt_requests", "False",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
 
 
 def ms(value) -> str:
