@@ -54,6 +54,9 @@ MARGIN = 1.15  # a ratio more than 15% past its physical bound is a disturbed ru
 # Threads that spent more than this share of the CPU time they wanted waiting for a core: another
 # process held one. A quiet machine stays near 1% (the kernel's own work).
 WAIT_SHARE = 0.10
+# ... and at least this long in all: a short span (a verdict right after another) can show a
+# large share of a few scheduler ticks that moved no measurement.
+WAIT_FLOOR_S = 0.1
 COLUMN = 88  # printed lines wrap here, inside the book's output column (92 characters)
 
 
@@ -170,8 +173,9 @@ def roof_problem(
 def wait_problem(span: CpuWait, share: float = WAIT_SHARE) -> str | None:
     """This process's threads waited for a CPU more than `share` of the time they wanted one in
     `span`, or a speed path ran steps on fewer threads because another process held a core."""
-    waited, fewer = span.share(), span.fewer_thread_steps()
-    if waited is not None and waited > share:
+    totals, fewer = span.totals(), span.fewer_thread_steps()
+    if totals is not None and totals[1] >= WAIT_FLOOR_S and totals[1] > share * sum(totals):
+        waited = totals[1] / sum(totals)
         return f"its threads waited for a CPU {waited:.0%} of the time (another program ran)"
     if fewer:
         return f"{fewer} decode steps ran on fewer threads (another program held a core)"

@@ -93,8 +93,8 @@ def quiet_machine(monkeypatch):
     machine that runs them may be busy."""
 
     class Quiet:
-        def share(self):
-            return 0.0
+        def totals(self):
+            return 1.0, 0.0
 
         def fewer_thread_steps(self):
             return 0
@@ -204,6 +204,10 @@ def test_threads_that_waited_for_a_core_make_a_timed_verdict_disturbed(tmp_path,
     _fake_threads(tmp_path, {"1": (2_000_001_000, 903_000_000)})
     assert span.share() == pytest.approx(0.905e9 / (3.01e9 + 0.905e9))
     assert "waited for a CPU 23% of the time" in verdicts.wait_problem(span)
+    # a short span: a large share of a few ticks is no disturbance
+    short = cpu_wait.CpuWait(task_dir=tmp_path, root=tmp_path)
+    _fake_threads(tmp_path, {"1": (2_040_001_000, 933_000_000)})
+    assert short.share() == pytest.approx(0.03 / 0.07) and verdicts.wait_problem(short) is None
     monkeypatch.setattr(verdicts, "_since_last_verdict", span)
     line = verdicts.verdict("decode is memory-bound")
     assert line.startswith("this run was disturbed: its threads waited for a CPU")

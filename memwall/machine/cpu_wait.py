@@ -82,9 +82,9 @@ class CpuWait:
         """Steps a speed path ran on fewer threads (another process held a core) in the span."""
         return _fewer_thread_steps - self.start_fewer
 
-    def share(self) -> float | None:
-        """Waiting over (running + waiting) of this process's threads in the span, quota
-        throttling counted as waiting; None where the counters cannot be read."""
+    def totals(self) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds waiting for one) of this process's threads in the span,
+        quota throttling counted as waiting; None where the counters cannot be read."""
         now = _threads_ran_and_waited(self.task_dir)
         if now is None or self.start is None:
             return None
@@ -94,4 +94,12 @@ class CpuWait:
             ran += max(0, ran_now - ran_then)
             waited += max(0, waited_now - waited_then)
         waited += max(0, throttled_ns(self.root) - self.start_throttled)
+        return ran / 1e9, waited / 1e9
+
+    def share(self) -> float | None:
+        """Waiting over (running + waiting) in the span; None where it cannot be read."""
+        totals = self.totals()
+        if totals is None:
+            return None
+        ran, waited = totals
         return waited / (ran + waited) if ran + waited > 0 else 0.0
