@@ -22,7 +22,6 @@ short, not as ok).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -108,7 +107,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8311)
     parser.add_argument("--prefill-chunk", type=int, default=0)
     parser.add_argument("--llamacpp", action="store_true", help="also sweep llama-cpp-python")
-    parser.add_argument("--out", help="write all results to this JSON file")
+    parser.add_argument(
+        "--record", action="store_true", help="save the results under benchmarks/results/"
+    )
     args = parser.parse_args()
     results = {}
     for fast in ("on", "off"):
@@ -123,6 +124,7 @@ def main() -> int:
             llamacpp_command(port), f"http://127.0.0.1:{port}/v1", args
         )
 
+    from memwall.bench import save_record
     from memwall.bench.batch import bench_batch
 
     batch = {
@@ -159,16 +161,13 @@ def main() -> int:
             f"targets: fast c=8 / c=1 = {fast_runs[8] / fast_runs[1]:.2f} (>= 4), "
             f"fast c=8 / bench batch --fast B=8 = {fast_runs[8] / batch_tok_s[True][8]:.0%} (>= 80%)"
         )
-    if args.out:
-        from memwall.machine.fingerprint import machine_fingerprint
-
+    if args.record:
         record = {
             "servers": results,
             "bench_batch": {"fast": batch[True], "readable": batch[False]},
             "max_tokens": args.max_tokens,
-            "machine": machine_fingerprint(),
         }
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"record: {save_record(record, 'serve_sweep')}")
     return 0
 
 
