@@ -152,7 +152,6 @@ def main() -> None:
             samples["probe"].append(weight_bytes / probe())
             for name, fn in timed.items():
                 samples[name].append(seconds(fn))
-    probe.close()
 
     probe_s = statistics.median(samples["probe"])
     rows = []

@@ -80,7 +80,6 @@ def main() -> None:
                     plan.run(m)
                     hot.append(seconds(lambda m=m, plan=plan: plan.run(m), calls=10))
                 s["hot"].append(hot)
-    probe.close()
 
     rows = []
     head = model.lm_head

@@ -306,7 +306,6 @@ def test_real_probe_measures_a_bandwidth():
     # Its buffer size and level follow memwall.machine.working_set (tests/test_machine.py).
     probe = harness_probe.RooflineProbe("cpu", working_set_bytes=64 * 2**20, reads=1)
     assert probe() > 1e8 and len(probe.samples) == 1
-    probe.close()
 
 
 def test_every_bench_record_carries_the_machine_fingerprint():

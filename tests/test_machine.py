@@ -126,6 +126,7 @@ def test_the_cache_working_set_sits_inside_the_cache():
     assert cache_working_set(1, 32 * MiB, 256 * MiB).bytes == 16 * MiB
     assert cache_working_set(2, 32 * MiB, 256 * MiB).bytes == 8 * MiB
     assert cache_working_set(1, 480 * MiB, 100 * MiB).bytes == 100 * MiB  # the budget still rules
+    assert cache_working_set(1, 480 * MiB, 256 * MiB).bytes == 128 * MiB  # enough to time it
     with pytest.raises(ValueError, match="unknown"):
         cache_working_set(1, 0, 256 * MiB)
 
@@ -137,19 +138,19 @@ def test_bad_sizes_are_clear_errors(buffers, budget):
 
 
 def test_a_probe_says_which_level_it_measures(monkeypatch):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from memwall.machine import probe, working_set
 
     monkeypatch.setattr(working_set, "last_level_cache_bytes", lambda: 480 * MiB)
     monkeypatch.setattr(working_set, "buffer_budget_bytes", lambda: 16 * MiB)
     cached = probe.RooflineProbe("cpu", reads=1)
     assert cached.level == LAST_LEVEL_CACHE and CACHE_NOTE in cached.note
-    assert cached.buffer.numel() * 4 == cached.working_set_bytes <= 16 * MiB
+    assert cached.working_set_bytes <= 16 * MiB
     monkeypatch.setattr(working_set, "last_level_cache_bytes", lambda: 1 * MiB)
     monkeypatch.setattr(working_set, "buffer_budget_bytes", lambda: 8 * MiB)
     past = probe.RooflineProbe("cpu", reads=1)
     assert (past.level, past.note, past.working_set_bytes) == ("DRAM", "", 8 * MiB)
-    assert past() > 0 and isinstance(past.buffer, torch.Tensor)
+    assert past() > 0 and past.samples == [past.samples[0]]
     monkeypatch.setattr(caches, "cache_levels", lambda: HUGE_L3)
     chosen = probe.RooflineProbe("cpu", working_set_bytes=4 * MiB, reads=1)
     assert chosen.level == LAST_LEVEL_CACHE and "fits in the L3 cache" in chosen.note

@@ -208,9 +208,19 @@ PROBE_PEAK = """
 from memwall.machine.memory import peak_rss_bytes
 from memwall.machine.probe import RooflineProbe
 probe = RooflineProbe("cpu", reads=1)
-probe.buffer.sum()  # every page touched, so resident
+probe()  # every page of its buffer touched, so resident
 print(peak_rss_bytes(), probe.working_set_bytes)
 """
+
+
+def test_a_probe_holds_its_buffer_only_while_it_measures():
+    pytest.importorskip("torch")
+    from memwall.machine.probe import RooflineProbe
+
+    probe = RooflineProbe("cpu", working_set_bytes=64 * MiB, reads=1)
+    before = memory.current_rss_bytes()
+    assert probe() > 0
+    assert memory.current_rss_bytes() - before < 16 * MiB  # the 64 MiB went back after the call
 
 
 @pytest.mark.parametrize("cache_mib", [0, 32, 480])

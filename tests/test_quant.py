@@ -64,6 +64,29 @@ def test_int4_round_trip_error_is_about_half_a_step(group_size):
     assert (error <= step * 0.51).all()  # half a step, plus the bf16 rounding of the offset
 
 
+@pytest.mark.parametrize("layer_class", [Int8Linear, Int4Linear])
+def test_a_large_layer_converts_its_codes_a_slab_at_a_time(monkeypatch, layer_class):
+    """The readable layers' output is the same whether the weight is converted whole or in
+    slabs of rows (the last slab shorter), with a bias and a batch of sequences."""
+    from memwall.engine import quant
+
+    generator = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(50, 64, generator=generator), torch.randn(50, generator=generator)
+    layer = layer_class.from_weight(weight, bias)
+    x = torch.randn(2, 3, 64, generator=generator)
+    whole = torch.nn.functional.linear(x, layer.weight, bias)
+    monkeypatch.setattr(quant, "SLAB_ROWS", 16)
+    seen = []
+    slabbed = quant.linear_by_slabs
+    monkeypatch.setattr(
+        quant,
+        "linear_by_slabs",
+        lambda x, rows, n: slabbed(x, lambda a, b: seen.append(b - a) or rows(a, b), n),
+    )
+    torch.testing.assert_close(layer(x), whole, rtol=1e-5, atol=1e-5)
+    assert seen == [16, 16, 16, 2]
+
+
 def test_cpu_kernel_layout_is_understood():
     block = cpu_int4_block()
     if block is None:

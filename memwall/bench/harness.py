@@ -164,13 +164,8 @@ def run_interleaved(
 
 
 def run_with_probe(runs, repeats, warmup, description, progress, probe):
-    """run_interleaved, then close the probe (if it has a buffer to free); returns the samples
-    and every bandwidth the probe read, in order."""
-    try:
-        samples = run_interleaved(runs, repeats, warmup, description, progress, probe=probe)
-    finally:
-        if hasattr(probe, "close"):
-            probe.close()
+    """run_interleaved; returns the samples and every bandwidth the probe read, in order."""
+    samples = run_interleaved(runs, repeats, warmup, description, progress, probe=probe)
     probes = [
         s["probe_bandwidth"] for name in runs for s in samples[name] if "probe_bandwidth" in s
     ]

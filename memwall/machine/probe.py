@@ -34,7 +34,10 @@ class RooflineProbe:
     """Call it to measure read bandwidth now (bytes/s); it keeps every sample in `.samples`.
 
     Each call times `reads` full reads of its buffer (torch.sum) and keeps the fastest: noise only
-    ever slows a read down, and the probe is the ceiling. About 20 ms on a CPU at 40 GB/s.
+    ever slows a read down, and the probe is the ceiling. The buffer exists only during a call:
+    between calls the memory belongs to the work being measured, whose own temporaries (a
+    dequantized matrix, a cache) would otherwise sit beside it. About 50 ms on a CPU, most of it
+    touching the fresh buffer's pages.
     """
 
     def __init__(self, device="cpu", working_set_bytes: int | None = None, reads: int = 3):
@@ -57,7 +60,6 @@ class RooflineProbe:
         self.reads = reads
         # A GPU reads 512 MiB in ~0.1 ms, close to the cost of a sync: time 10 passes per sample.
         self.passes = 10 if on_gpu else 1
-        self.buffer = torch.ones(self.working_set_bytes // 4, dtype=torch.float32, device=device)
         self.samples: list[float] = []
 
     def _sync(self):
@@ -65,22 +67,19 @@ class RooflineProbe:
             torch.cuda.synchronize(self.device)
 
     def __call__(self) -> float:
-        self.buffer.sum()  # first touch / warm the reduction
+        buffer = torch.ones(self.working_set_bytes // 4, dtype=torch.float32, device=self.device)
+        buffer.sum()  # warm the reduction
         self._sync()
         best = float("inf")
         for _ in range(self.reads):
             start = time.perf_counter()
             for _ in range(self.passes):
-                self.buffer.sum()
+                buffer.sum()
             self._sync()
             best = min(best, time.perf_counter() - start)
         bandwidth = self.passes * self.working_set_bytes / best
         self.samples.append(bandwidth)
         return bandwidth
-
-    def close(self):
-        """Free the buffer (the samples stay)."""
-        self.buffer = None
 
 
 def spread_fields(probes: list[float]) -> dict:
@@ -155,23 +154,18 @@ def timed_against_roofline(
     count("warmup", warmup, 0)
     if not bytes_per_call > 0:
         raise ValueError(f"bytes_per_call must be positive, got {bytes_per_call!r}.")
-    owned = probe is None
-    probe = RooflineProbe(device) if owned else probe
+    probe = RooflineProbe(device) if probe is None else probe
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     seconds, probes = [], []
-    try:
-        for index in range(warmup + repeats):
-            bandwidth = probe()
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            if index >= warmup:
-                seconds.append(time.perf_counter() - start)
-                probes.append(bandwidth)
-    finally:
-        if owned:
-            probe.close()
+    for index in range(warmup + repeats):
+        bandwidth = probe()
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        if index >= warmup:
+            seconds.append(time.perf_counter() - start)
+            probes.append(bandwidth)
     compute_roof = peak_flops / flops_per_call if peak_flops and flops_per_call else None
     fractions = paired_fractions([1 / s for s in seconds], probes, bytes_per_call, compute_roof)
     result = {

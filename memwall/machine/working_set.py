@@ -22,6 +22,10 @@ LAST_LEVEL_CACHE = "last-level cache"
 CACHE_NOTE = "this measures the cache, not DRAM"
 PAST_CACHE = 4  # a DRAM buffer is this many times the last-level cache, where the budget allows
 CLEAR_OF_CACHE = 2  # a smaller multiple still finds part of itself in the cache
+# A stream over this much takes milliseconds at any cache's bandwidth, and is far past the private
+# caches: enough to time a last-level cache, however large (half of a 480 MiB one would sit
+# beside a model in a 1-2 GB session).
+CACHE_MAX_BYTES = 128 * MiB
 MIN_DRAM_BYTES = 128 * MiB
 # A GPU streams 512 MiB in about 0.1 ms; a smaller buffer would time the synchronisation.
 GPU_MIN_BYTES = 512 * MiB
@@ -54,13 +58,14 @@ def cache_working_set(
     buffers: int = 1, cache_bytes: int | None = None, budget_bytes: int | None = None
 ) -> WorkingSet:
     """Buffers that together fill half of the last-level cache (the program keeps the other
-    half), within the budget: a stream over them times the cache's bandwidth."""
+    half), at most CACHE_MAX_BYTES, within the budget: a stream over them times the cache's
+    bandwidth."""
     llc = last_level_cache_bytes() if cache_bytes is None else cache_bytes
     budget = buffer_budget_bytes() if budget_bytes is None else budget_bytes
     _check(buffers, budget)
     if not llc > 0:
         raise ValueError("the last-level cache size is unknown here; pass cache_bytes.")
-    size = min(llc // (2 * buffers), budget // buffers)
+    size = min(llc // 2, CACHE_MAX_BYTES, budget) // buffers
     return WorkingSet(_pages(size), LAST_LEVEL_CACHE)
 
 
