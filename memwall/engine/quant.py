@@ -203,18 +203,20 @@ class Int4Linear(nn.Module):
         """The 4-bit codes [out, in], unpacked."""
         return unpack_int4(self.packed)
 
+    def weight_rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start:stop of the dequantized W, as a new fp32 tensor."""
+        codes = unpack_int4(self.packed[start:stop])
+        return dequantize_int4(codes, self.scale_zero[:, start:stop], self.group_size)
+
     @property
     def weight(self) -> torch.Tensor:
-        return dequantize_int4(self.codes(), self.scale_zero, self.group_size)
+        return self.weight_rows()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        def weight_rows(start, stop):
-            codes = unpack_int4(self.packed[start:stop])
-            return dequantize_int4(codes, self.scale_zero[:, start:stop], self.group_size).to(
-                x.dtype
-            )
+        def rows(start, stop):
+            return self.weight_rows(start, stop).to(x.dtype)
 
-        y = linear_by_slabs(x, weight_rows, self.out_features)
+        y = linear_by_slabs(x, rows, self.out_features)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
