@@ -54,16 +54,28 @@ def run_build_kernels(args) -> int:
     return 0 if report["in_use"] else 1
 
 
+# The shapes the chapters meet, timed here so that no chapter times them (a page must not depend
+# on whether its builder had calibrated, and the timing's layer copies would add up to the memory
+# budget to a chapter's peak): prompts and batches at each row bucket up to 64, and the one
+# layer the book builds outside a model, chapter 3's 4096 x 8192 fp32 product at batch 1.
+PROMPT_TOKENS = (4, 16, 64)
+BATCH = 16
+LONE_LAYER = (4096, 8192)  # out, in
+
+
 def calibrate_offline_model(quiet: bool = False) -> list[str]:
-    """Decode a few tokens with the offline model in each format through `accelerate`, which
-    times the kernel paths its layers meet at prefill and at batch-1 decode (and keeps them)."""
+    """Decode with the offline model in each format through `accelerate`, which times the kernel
+    paths its layers meet (and keeps them): prompts of PROMPT_TOKENS tokens, batch-1 decode and a
+    batch of BATCH; then the lone fp32 layer chapter 3 times."""
     import logging
 
     import torch
 
-    from memwall import models
+    from memwall import models, quality
     from memwall.engine import Transformer, generate
     from memwall.engine.accelerate import accelerate
+    from memwall.engine.batch import generate_batch
+    from memwall.engine.linear import Linear
     from memwall.engine.quant import quantize
 
     if not quiet:
@@ -71,12 +83,21 @@ def calibrate_offline_model(quiet: bool = False) -> list[str]:
     hf_model, tokenizer = models.load("smollm2-135m")
     model = Transformer.from_hf(hf_model)
     del hf_model
-    prompt = torch.tensor(tokenizer("The memory wall").input_ids)
+    text = quality.eval_token_ids(tokenizer, max(PROMPT_TOKENS))
     done = []
     for fmt in ("fp32", "int8", "int4"):
         variant = model if fmt == "fp32" else quantize(model, fmt, inplace=False)
         if not quiet:
             print(f"calibrating {fmt} ...", flush=True)
-        generate(accelerate(variant), prompt, 4)
+        fast = accelerate(variant)
+        for tokens in PROMPT_TOKENS:
+            generate(fast, torch.tensor(text[:tokens]), 2)
+        generate_batch(fast, [text[i : i + 4] for i in range(BATCH)], 2)
         done.append(fmt)
+        del variant, fast
+    out_features, in_features = LONE_LAYER
+    with torch.inference_mode():
+        lone = Linear(in_features, out_features).set_weight(torch.randn(LONE_LAYER))
+        accelerate(lone)(torch.randn(1, in_features))
+    done.append("fp32 {}x{}".format(*LONE_LAYER))
     return done
