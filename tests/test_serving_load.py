@@ -140,6 +140,13 @@ def test_nothing_listening_is_an_error_not_a_hang():
         run_load("http://127.0.0.1:9", concurrency=0)
 
 
+def test_a_sweep_sends_its_requests_per_client_with_two_clients_worth_at_least():
+    runs = sweep(
+        "http://127.0.0.1:9", [1, 3], per_client=2, max_tokens=4, duration_s=5, timeout_s=2
+    )
+    assert [run["requests"] for run in runs] == [4, 6]
+
+
 def test_bench_serve_sends_the_api_key_a_keyed_server_wants(tiny_engine):
     with tiny_server(tiny_engine, api_key="sk-bench") as keyed:
         options = dict(concurrency=2, requests=2, max_tokens=3, ignore_eos=True, duration_s=60)

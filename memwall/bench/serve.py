@@ -27,11 +27,11 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def sweep(url, concurrencies, requests=None, **options) -> list[dict]:
-    """run_load at each concurrency, one after another; `requests` defaults to 4 per client
-    (at least 8), so every level runs a few rounds."""
+def sweep(url, concurrencies, requests=None, per_client: int = 4, **options) -> list[dict]:
+    """run_load at each concurrency, one after another; `requests` defaults to `per_client`
+    requests a client (and no fewer than two clients' worth), so every level runs a few rounds."""
     return [
-        run_load(url, concurrency=c, requests=requests or max(8, 4 * c), **options)
+        run_load(url, concurrency=c, requests=requests or per_client * max(2, c), **options)
         for c in concurrencies
     ]
 
