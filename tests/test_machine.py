@@ -139,10 +139,12 @@ def test_bad_sizes_are_clear_errors(buffers, budget):
 
 def test_a_probe_says_which_level_it_measures(monkeypatch):
     pytest.importorskip("torch")
-    from memwall.machine import probe, working_set
+    from memwall.machine import microbench, probe, working_set
 
     monkeypatch.setattr(working_set, "last_level_cache_bytes", lambda: 480 * MiB)
     monkeypatch.setattr(working_set, "buffer_budget_bytes", lambda: 16 * MiB)
+    # the buffer streams about as fast as a quarter of it: it sits in the cache it was sized for
+    monkeypatch.setattr(microbench, "_spill_rates", lambda device, nbytes: (40e9, 42e9, 44e9))
     cached = probe.RooflineProbe("cpu", reads=1)
     assert cached.level == LAST_LEVEL_CACHE and CACHE_NOTE in cached.note
     assert cached.working_set_bytes <= 16 * MiB
@@ -154,6 +156,52 @@ def test_a_probe_says_which_level_it_measures(monkeypatch):
     monkeypatch.setattr(caches, "cache_levels", lambda: HUGE_L3)
     chosen = probe.RooflineProbe("cpu", working_set_bytes=4 * MiB, reads=1)
     assert chosen.level == LAST_LEVEL_CACHE and "fits in the L3 cache" in chosen.note
+
+
+def test_a_cache_buffer_that_streams_at_half_a_quarters_speed_is_called_dram(monkeypatch):
+    """A process can get much less of a shared last-level cache than the OS reports: a 128 MiB
+    buffer inside a reported 480 MiB cache that reads at half the speed of 32 MiB reads DRAM."""
+    pytest.importorskip("torch")
+    from memwall.machine import microbench, probe, working_set
+
+    monkeypatch.setattr(working_set, "last_level_cache_bytes", lambda: 480 * MiB)
+    monkeypatch.setattr(microbench, "last_level_cache_bytes", lambda: 480 * MiB)
+    monkeypatch.setattr(working_set, "buffer_budget_bytes", lambda: 256 * MiB)
+    monkeypatch.setattr(caches, "_usable_share", 0)  # what the spill records is undone after
+    monkeypatch.setattr(caches, "cache_levels", lambda: HUGE_L3)
+    measured = []
+    monkeypatch.setattr(
+        microbench,
+        "_spill_rates",
+        lambda device, nbytes: measured.append(nbytes) or (20e9, 43e9, 44e9),
+    )
+    spilled = probe.RooflineProbe("cpu", reads=1)
+    assert measured == [128 * MiB] and spilled.working_set_bytes == 128 * MiB
+    assert spilled.level == "DRAM" and CACHE_NOTE not in spilled.note
+    assert "480 MiB" in spilled.note and "20.0 GB/s against 44.0 GB/s" in spilled.note
+    # the half still read fast: the cache ends between 64 and 128 MiB, taken as the middle
+    assert caches.usable_levels()[-1].size_bytes == 96 * MiB
+    monkeypatch.setattr(caches, "_usable_share", 0)
+    monkeypatch.setattr(microbench, "_spill_rates", lambda device, nbytes: (20e9, 21e9, 44e9))
+    probe.RooflineProbe("cpu", reads=1)  # already the half read slowly: between 32 and 64 MiB
+    assert caches.usable_levels()[-1].size_bytes == 48 * MiB
+    monkeypatch.setattr(microbench, "_spill_rates", lambda device, nbytes: (36e9, 40e9, 44e9))
+    assert probe.RooflineProbe("cpu", reads=1).level == LAST_LEVEL_CACHE  # within the gap
+
+
+def test_a_timed_cache_share_cuts_the_last_level(monkeypatch):
+    monkeypatch.setattr(caches, "cache_levels", lambda: HUGE_L3)
+    monkeypatch.setattr(caches, "_usable_share", 0)
+    assert caches.usable_levels() == HUGE_L3 and level_of(100 * MiB) == "L3"
+    caches.found_usable_cache(96 * MiB)
+    assert caches.usable_levels()[-1] == CacheLevel(3, 96 * MiB, 2)
+    assert level_of(96 * MiB) == "L3" and level_of(100 * MiB) == "DRAM"
+    assert level_of(100 * MiB, HUGE_L3) == "L3"  # levels passed in are taken as they are
+    caches.found_usable_cache(384 * MiB)  # a later, larger finding does not widen it again
+    assert caches.usable_levels()[-1].size_bytes == 96 * MiB
+    caches.found_usable_cache(1 * MiB)  # never below the level under it
+    assert caches.usable_levels()[-1].size_bytes == 2 * MiB
+    assert a_measurement().roof_for(100 * MiB).level == "DRAM"
 
 
 def a_measurement(memory_level="DRAM", cache_bandwidth=90e9):

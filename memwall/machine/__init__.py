@@ -15,7 +15,7 @@
 Importing this package needs only the standard library; torch is imported when measuring.
 """
 
-from memwall.machine.caches import cache_levels, last_level_cache_bytes, level_of
+from memwall.machine.caches import cache_levels, last_level_cache_bytes, level_of, usable_levels
 from memwall.machine.cores import core_limit, usable_cores
 from memwall.machine.devices import default_device
 from memwall.machine.fingerprint import machine_fingerprint
@@ -46,4 +46,5 @@ __all__ = [
     "measure",
     "memory_limit",
     "usable_cores",
+    "usable_levels",
 ]

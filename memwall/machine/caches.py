@@ -4,7 +4,8 @@ A stream over a working set runs at the speed of the smallest memory level that 
 64 MiB matrix on a CPU with a 32 MiB last-level cache is read from DRAM, the same matrix beside a
 480 MiB cache is read from the cache, and both its time and its "fraction of the roofline" then
 answer to the cache's bandwidth. `level_of(n)` names that level from the cache sizes the OS
-reports (Linux sysfs, macOS sysctl).
+reports (Linux sysfs, macOS sysctl), cut to what a timing showed this process really gets of a
+shared last-level cache (`found_usable_cache`).
 
 The sizes are per cache instance: a core's private L2 holds a working set of one thread, a
 shared L3 holds the working sets of every core together. Standard library only.
@@ -92,6 +93,29 @@ def cache_levels(folder: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[Ca
     return tuple(levels)
 
 
+# What a timing showed of the last-level cache this process really gets (0: nothing yet). The OS
+# reports the whole cache, but other cores (other tenants, on a shared host) fill it too.
+_usable_share = 0
+
+
+def found_usable_cache(nbytes: int) -> None:
+    """Record that a timing (`microbench.working_set_for`) found this process gets about
+    `nbytes` of the last-level cache: from then on, a larger working set counts as DRAM's."""
+    global _usable_share
+    share = max(int(nbytes), 1)
+    _usable_share = min(_usable_share, share) if _usable_share else share
+
+
+def usable_levels() -> tuple[CacheLevel, ...]:
+    """`cache_levels()`, the last level cut to what a timing showed this process gets."""
+    levels = cache_levels()
+    if not (_usable_share and levels and levels[-1].size_bytes > _usable_share):
+        return levels
+    *inner, last = levels
+    floor = inner[-1].size_bytes if inner else 0
+    return (*inner, CacheLevel(last.level, max(_usable_share, floor), last.shared_by))
+
+
 def last_level_cache_bytes() -> int:
     """Size of the largest cache level (L3 on most x86, L2 on Apple silicon); 0 if unknown."""
     levels = cache_levels()
@@ -100,10 +124,11 @@ def last_level_cache_bytes() -> int:
 
 def level_of(nbytes: int, levels: tuple[CacheLevel, ...] | None = None) -> str:
     """The memory level a working set of `nbytes` is read from: the smallest cache that holds
-    it ("L1", "L2", "L3"), else "DRAM". `levels` defaults to this CPU's."""
+    it ("L1", "L2", "L3"), else "DRAM". `levels` defaults to this CPU's, as far as this process
+    gets them (`usable_levels`)."""
     if nbytes < 0:
         raise ValueError(f"nbytes must be at least 0, got {nbytes!r}.")
-    for level in cache_levels() if levels is None else levels:
+    for level in usable_levels() if levels is None else levels:
         if nbytes <= level.size_bytes:
             return level.name
     return DRAM

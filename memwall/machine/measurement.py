@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from memwall.hardware import Hardware
-from memwall.machine.caches import DRAM, cache_levels, level_of
+from memwall.machine.caches import DRAM, level_of, usable_levels
 
 
 class Roof(NamedTuple):
@@ -57,8 +57,9 @@ class Measurement:
 
     def roof_for(self, nbytes: int, levels=None) -> Roof:
         """The measured roof for a stream over `nbytes`: DRAM's bandwidth past the last-level
-        cache, the cache's inside it. `levels` defaults to this CPU's cache levels."""
-        levels = cache_levels() if levels is None else levels
+        cache, the cache's inside it. `levels` defaults to this CPU's cache levels, as far as this
+        process gets them."""
+        levels = usable_levels() if levels is None else levels
         level = level_of(nbytes, levels) if self.device_type == "cpu" else DRAM
         if level == DRAM:
             if self.memory_level == DRAM:

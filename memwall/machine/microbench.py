@@ -16,7 +16,7 @@ import time
 from memwall.hardware import CATALOG, Hardware
 from memwall.hardware import get_hardware as catalog_hardware
 from memwall.machine import working_set as sizing
-from memwall.machine.caches import DRAM, last_level_cache_bytes
+from memwall.machine.caches import DRAM, found_usable_cache, last_level_cache_bytes
 from memwall.machine.measurement import Measurement
 
 # A pseudo-name that get_hardware() answers by measuring the current machine.
@@ -122,6 +122,48 @@ def stream_bandwidth(device, nbytes: int, repeats: int, copy: bool = False) -> f
     return passes * 4 * elements * (2 if copy else 1) / best_seconds(stream, synchronize, repeats)
 
 
+# A stream this many times slower than one over a quarter of its buffer reads a slower level.
+SPILL_GAP = 1.3
+
+
+@functools.cache
+def _spill_rates(device_str: str, nbytes: int) -> tuple[float, float, float]:
+    """Read bytes/s over `nbytes`, half of it and a quarter of it, best of 3 each."""
+    import torch
+
+    device = torch.device(device_str)
+    return tuple(stream_bandwidth(device, nbytes // part, 3) for part in (1, 2, 4))
+
+
+def working_set_for(device, buffers: int = 1) -> sizing.WorkingSet:
+    """`working_set.for_device`, with a CPU cache working set checked by timing it.
+
+    The OS reports the whole last-level cache, but other cores (other tenants, on a shared host)
+    fill it too, so a process can get much less of it. Where the budget kept the buffers inside
+    the reported cache, one of them is streamed next to a half and a quarter of it: reading
+    clearly slower than the quarter means it spilled out of the cache this process gets, so it
+    measures DRAM, and says why. The half tells whether the cache ends above or below it; the
+    middle of that interval is taken as the cache this process gets (`caches.level_of` uses it)."""
+    import torch
+
+    device = torch.device(device)
+    chosen = sizing.for_device(device, buffers)
+    if device.type != "cpu" or chosen.level == DRAM:
+        return chosen
+    whole, half, quarter = _spill_rates(str(device), chosen.bytes)
+    if quarter <= SPILL_GAP * whole:
+        return chosen
+    # the cache ends between the half and the whole if the half still read fast, else below it
+    found_usable_cache(chosen.bytes * 3 // (4 if half > SPILL_GAP * whole else 8))
+    note = (
+        f"the OS reports a {last_level_cache_bytes() / 2**20:.0f} MiB last-level cache, but a "
+        f"{chosen.bytes / 2**20:.0f} MiB stream read {whole / 1e9:.1f} GB/s against "
+        f"{quarter / 1e9:.1f} GB/s for a quarter of it: this process gets less of the cache "
+        "(other cores share it), so this measures DRAM"
+    )
+    return sizing.WorkingSet(chosen.bytes, DRAM, note)
+
+
 def _matmul_flops(device, quick: bool) -> dict[str, float]:
     import torch
 
@@ -164,7 +206,7 @@ def _measure(device_str: str, quick: bool, kernels: bool = False) -> Measurement
 
     device = torch.device(device_str)
     repeats = 3 if quick else 5
-    working_set = sizing.for_device(device)
+    working_set = working_set_for(device)
     read_bw = stream_bandwidth(device, working_set.bytes, repeats)
     copy_bw = stream_bandwidth(device, working_set.bytes, repeats, copy=True)
     cache_set, cache_bw = None, None
@@ -172,6 +214,8 @@ def _measure(device_str: str, quick: bool, kernels: bool = False) -> Measurement
         cache_set, cache_bw = working_set, read_bw  # the budget already made it the cache's
     elif device.type == "cpu" and last_level_cache_bytes():
         cache_set = sizing.cache_working_set()
+        if cache_set.bytes >= working_set.bytes:  # it spilled out of the cache: try a quarter
+            cache_set = sizing.WorkingSet(cache_set.bytes // 4, cache_set.level)
         cache_bw = stream_bandwidth(device, cache_set.bytes, repeats)
 
     flops = _matmul_flops(device, quick)

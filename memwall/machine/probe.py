@@ -9,7 +9,8 @@ with the probes' spread. When the probes disagree by more than 20%, `warn_if_uns
 
 The probe's buffer follows the machine room's one sizing rule (`working_set.for_device`): past
 the last-level cache where the memory budget allows, else inside the cache, and then its
-`level` and `note` say that it measures the cache, not DRAM.
+`level` and `note` say that it measures the cache, not DRAM; unless timing it shows that this
+process gets less of the cache than the OS reports (`microbench.working_set_for`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from memwall.machine import working_set as sizing
 from memwall.machine.caches import DRAM, level_of
+from memwall.machine.microbench import working_set_for
 
 UNSTABLE_SPREAD = 1.2  # max/min of the probes above which a result gets a warning
 
@@ -44,7 +46,7 @@ class RooflineProbe:
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         if working_set_bytes is None:
-            chosen = sizing.for_device(self.device)
+            chosen = working_set_for(self.device)
         else:  # a size the caller chose: say which level it reads from all the same
             chosen = sizing.WorkingSet(int(working_set_bytes), DRAM)
             if not on_gpu and level_of(chosen.bytes) != DRAM:
