@@ -54,6 +54,19 @@ def test_int8_round_trip_error_is_at_most_half_a_step():
     assert (error <= scales.float()[:, None] / 2 * (1 + 1e-5)).all()
 
 
+def test_int8_codes_are_rounded_a_slab_at_a_time_as_they_would_be_whole(monkeypatch):
+    from memwall.engine import quant
+
+    weight = torch.randn(50, 64, generator=torch.Generator().manual_seed(6))
+    whole = quantize_int8(weight)
+    monkeypatch.setattr(quant, "SLAB_ROWS", 16)  # 16, 16, 16 and 2 rows
+    slabbed = quantize_int8(weight)
+    assert all(torch.equal(a, b) for a, b in zip(whole, slabbed))
+    scales = (weight.abs().amax(dim=1) / 127 * (1 + 2**-7)).to(torch.bfloat16)
+    expected = (weight / scales.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+    assert torch.equal(slabbed[0], expected) and torch.equal(slabbed[1], scales)
+
+
 @pytest.mark.parametrize("group_size", [16, 32, 64])
 def test_int4_round_trip_error_is_about_half_a_step(group_size):
     weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(2))

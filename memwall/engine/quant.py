@@ -48,8 +48,12 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     127 steps; the codes are then rounded against the stored scale.
     """
     weight = weight.float().contiguous()
-    scales = (weight.abs().amax(dim=1) / 127 * (1 + 2**-7)).clamp(min=1e-30).to(INT8_SCALE_DTYPE)
-    codes = weight.div(scales.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    largest = torch.maximum(weight.amax(dim=1), -weight.amin(dim=1))  # no |weight| copy
+    scales = (largest / 127 * (1 + 2**-7)).clamp(min=1e-30).to(INT8_SCALE_DTYPE)
+    codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    for start in range(0, weight.shape[0], SLAB_ROWS):  # no float copy of a whole output head
+        rows = slice(start, start + SLAB_ROWS)
+        codes[rows] = weight[rows].div(scales[rows].float()[:, None]).round_().clamp_(-127, 127)
     return codes, scales
 
 
