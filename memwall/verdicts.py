@@ -189,11 +189,11 @@ class MachineProblem(str):
     """A problem found in the machine's state rather than in the numbers (`machine_problem`)."""
 
 
-def machine_problem() -> MachineProblem | None:
+def machine_problem(share: float = WAIT_SHARE) -> MachineProblem | None:
     """`wait_problem` since the previous timed verdict, for code that reads its list of problems
     before it prints a verdict (`if not any(problems): ...`); a verdict given it does not check
     the machine a second time."""
-    found = wait_problem(_since_last_verdict)
+    found = wait_problem(_since_last_verdict, share)
     return MachineProblem(found) if found else None
 
 
@@ -215,12 +215,19 @@ def wrap(text: str, width: int = COLUMN, indent: str = "  ") -> str:
     return "\n".join(lines)
 
 
-def verdict(text: str, *problems: str | None, prefix: str = "verdict: ", timed: bool = True) -> str:
+def verdict(
+    text: str,
+    *problems: str | None,
+    prefix: str = "verdict: ",
+    timed: bool = True,
+    wait_share: float = WAIT_SHARE,
+) -> str:
     """`prefix + text` when no check found a problem, else the disturbed line; wrapped. A timed
-    verdict also checks that nothing held the cores since the previous one (`wait_problem`)."""
+    verdict also checks that nothing held the cores since the previous one (`wait_problem`; a
+    measurement that runs more threads than cores on purpose waits `wait_share` on its own)."""
     if timed:
         if not any(isinstance(problem, MachineProblem) for problem in problems):
-            problems = (*problems, machine_problem())
+            problems = (*problems, machine_problem(wait_share))
         _since_last_verdict.restart()
     line = disturbed(*problems)
     return wrap(line if line else prefix + text)

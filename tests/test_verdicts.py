@@ -209,6 +209,8 @@ def test_threads_that_waited_for_a_core_make_a_timed_verdict_disturbed(tmp_path,
     _fake_threads(tmp_path, {"1": (2_040_001_000, 933_000_000)})
     assert short.share() == pytest.approx(0.03 / 0.07) and verdicts.wait_problem(short) is None
     monkeypatch.setattr(verdicts, "_since_last_verdict", span)
+    # a measurement that runs more threads than cores on purpose allows itself more waiting
+    assert verdicts.machine_problem() and verdicts.machine_problem(share=0.25) is None
     line = verdicts.verdict("decode is memory-bound")
     assert line.startswith("this run was disturbed: its threads waited for a CPU")
     assert verdicts.verdict("2 + 2 = 4", timed=False) == "verdict: 2 + 2 = 4"

@@ -128,11 +128,12 @@ SPILL_GAP = 1.3
 
 @functools.cache
 def _spill_rates(device_str: str, nbytes: int) -> tuple[float, float, float]:
-    """Read bytes/s over `nbytes`, half of it and a quarter of it, best of 3 each."""
+    """Read bytes/s over `nbytes`, half of it and a quarter of it, best of 5 each (a shared
+    core slows some reads: the best of several is the level's own rate)."""
     import torch
 
     device = torch.device(device_str)
-    return tuple(stream_bandwidth(device, nbytes // part, 3) for part in (1, 2, 4))
+    return tuple(stream_bandwidth(device, nbytes // part, 5) for part in (1, 2, 4))
 
 
 def working_set_for(device, buffers: int = 1) -> sizing.WorkingSet:
