@@ -215,9 +215,11 @@ def _measure(device_str: str, quick: bool, kernels: bool = False) -> Measurement
         cache_set, cache_bw = working_set, read_bw  # the budget already made it the cache's
     elif device.type == "cpu" and last_level_cache_bytes():
         cache_set = sizing.cache_working_set()
-        if cache_set.bytes >= working_set.bytes:  # it spilled out of the cache: try a quarter
-            cache_set = sizing.WorkingSet(cache_set.bytes // 4, cache_set.level)
-        cache_bw = stream_bandwidth(device, cache_set.bytes, repeats)
+        if cache_set.bytes >= working_set.bytes:  # it spilled: its quarter, timed, read the cache
+            cache_set = sizing.WorkingSet(working_set.bytes // 4, cache_set.level)
+            cache_bw = _spill_rates(device_str, working_set.bytes)[2]
+        else:
+            cache_bw = stream_bandwidth(device, cache_set.bytes, repeats)
 
     flops = _matmul_flops(device, quick)
     sources = {name: "torch" for name in flops}
