@@ -396,3 +396,46 @@ def test_a_sandbox_that_cannot_run_notebooks_stops_grading_before_it_starts(tmp_
     with pytest.raises(ValueError, match="sandboxed Python cannot run the notebooks"):
         grade(tmp_path / "subs", tmp_path / "g.csv", solutions_dir=SOLUTIONS, progress=False)
     assert not (tmp_path / "g.csv").exists()
+
+
+class _Cycle:
+    """Garbage only the cyclic collector frees, so collections (and thread switches) happen
+    while a syntax tree is being built."""
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        pass
+
+
+def test_grader_threads_can_fingerprint_code_at_the_same_time():
+    """The grader's pool fingerprints two submissions at once (CPython 3.11's parser shares one
+    recursion counter between threads; without the grader's lock this fails within 100 rounds)."""
+    from memwall.grading.copied import fingerprints
+
+    body = "".join(
+        f"    x{i} = [[a, {{'k': (a + {i}) * 2}}] for _ in range(3)]\n" for i in range(40)
+    )
+    source = f"def f(a):\n{body}    return a\n"
+    errors = []
+
+    def fingerprint_many():
+        try:
+            for _ in range(100):
+                _Cycle()
+                assert fingerprints(source)
+        except Exception as error:  # noqa: BLE001 - collected and reported below
+            errors.append(error)
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to meet the race
+    try:
+        workers = [threading.Thread(target=fingerprint_many) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert errors == []

@@ -12,6 +12,8 @@ import ast
 import hashlib
 from pathlib import Path
 
+from memwall.grading.syntax import parse
+
 # Below these a function is too short to tell copying from knowing the answer: a formula of
 # one or two lines is what every right answer looks like, however many terms it has.
 MIN_NODES = 45
@@ -21,7 +23,7 @@ MIN_STATEMENTS = 5
 def fingerprints(source: str) -> dict:
     """{fingerprint: function name} for each long enough function defined in ``source``."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except (SyntaxError, ValueError):
         return {}
     found = {}
@@ -72,7 +74,7 @@ class _Renamer(ast.NodeTransformer):
 
 
 def _fingerprint(function):
-    function = ast.parse(ast.unparse(function)).body[0]  # a copy we may change
+    function = parse(ast.unparse(function)).body[0]  # a copy we may change
     body = function.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring

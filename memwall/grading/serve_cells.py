@@ -14,6 +14,7 @@ import json
 
 from memwall.grading.cells import check_name, code_cells
 from memwall.grading.student_copy import cell_source
+from memwall.grading.syntax import parse
 
 UNCONVERTIBLE = 'raise RuntimeError("memwall grader: this check cell could not be converted")\n'
 
@@ -31,7 +32,7 @@ def serve_source(check_source: str, name: str) -> str:
 def answer_expression(source: str, name: str):
     """The source of ``answer`` in the cell's ``check(name, answer)`` call, or None."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return None
     for node in ast.walk(tree):
