@@ -13,6 +13,7 @@ Needs Debian's `chromium` (the Makefile's `browser` step installs it as root); s
 import functools
 import http.server
 import re
+import sys
 import threading
 import urllib.request
 from urllib.parse import urlparse
@@ -78,6 +79,13 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # a browser that closes a connection it no longer needs is not an error of the site
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture(scope="module")
 def site_url():
     if find_chromium() is None:
@@ -90,7 +98,7 @@ def site_url():
     if build.returncode != 0:
         pytest.fail("the book build failed (see test_book.py and _build/book-build.log)")
     handler = functools.partial(_QuietHandler, directory=str(build.html_dir))
-    server = http.server.ThreadingHTTPServer((SERVER_HOST, 0), handler)
+    server = _QuietServer((SERVER_HOST, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://{SERVER_HOST}:{server.server_address[1]}"
