@@ -124,3 +124,18 @@ def test_measured_panel_builds_headless_and_shows_not_implemented():
     )
     assert isinstance(panel, widgets.VBox)
     panel.children[0].click()  # measuring again must not raise either
+
+
+def test_recorded_curves_store_a_rounded_zero_as_zero_and_keep_real_small_values():
+    from memwall.widgets.recording import Recorder
+
+    recorder = Recorder()
+    recorder.cell_id = "c"
+
+    def reference(n, similarity):  # an error that is exactly 0 at similarity 1, but for rounding
+        return (1 - similarity) * 0.9 + (4e-16 if similarity == 1.0 else 0.0) + 3e-8 * n
+
+    recorder(None, reference, ("n", [0, 1]), sliders={"similarity": [0.5, 1.0]})
+    curves = dict((tuple(s), ys) for s, ys in recorder.curves["c"]["curves"])
+    assert curves[(1.0,)] == [0.0, 3e-8]
+    assert curves[(0.5,)] == [0.45, 0.45]  # 7 significant digits

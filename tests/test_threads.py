@@ -3,7 +3,7 @@ two threads against a core another process holds."""
 
 import pytest
 
-from memwall.engine.cpu.threads import LONGEST_WAIT, BusyElsewhere, IdleCores, ThreadChoice
+from memwall.machine.step_threads import LONGEST_WAIT, BusyElsewhere, IdleCores, ThreadChoice
 
 
 class Machine:
@@ -114,3 +114,65 @@ def test_steps_on_fewer_threads_are_noted_for_the_verdicts():
     busy = Machine({2: 30.0, 1: 2.0}, idle=0.0)
     used = run(busy.choice(), busy, 50)
     assert span.fewer_thread_steps() == used.count(1) > 40
+
+
+class OneThreadChoice:
+    """A chooser that always asks for one thread, and remembers what it was told."""
+
+    made = []
+
+    def __init__(self, most):
+        self.most, self.recorded = most, []
+        OneThreadChoice.made.append(self)
+
+    def threads(self):
+        return 1
+
+    def record(self, threads, seconds):
+        self.recorded.append((threads, seconds))
+
+
+@pytest.fixture
+def two_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_readable_engines_steps_take_the_chosen_threads_and_give_them_back(
+    tiny_engine, two_threads, monkeypatch
+):
+    import copy
+
+    import torch
+
+    from memwall.machine import step_threads
+
+    OneThreadChoice.made.clear()
+    monkeypatch.setattr(step_threads, "ThreadChoice", OneThreadChoice)
+    monkeypatch.setattr(step_threads, "usable_cores", lambda: 2)
+    model = copy.deepcopy(tiny_engine)  # its own choices, as any copy of a model
+    seen = []
+    watch = model.blocks[0].register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    plain = {"pre": dict(model._forward_pre_hooks), "post": dict(model._forward_hooks)}
+    cache = model.new_cache(batch=1, max_tokens=8)
+    model(torch.tensor([[1, 2, 3]]), cache)  # a prompt: left on every thread
+    step = model(torch.tensor([[4]]), cache)
+    assert seen == [2, 1] and torch.get_num_threads() == 2
+    (choice,) = OneThreadChoice.made
+    assert choice.most == 2 and [t for t, _ in choice.recorded] == [1]
+    assert choice.recorded[0][1] > 0
+    # the hooks change only the thread count: the same logits without them
+    model._forward_pre_hooks.clear(), model._forward_hooks.clear()
+    again = model.new_cache(batch=1, max_tokens=8)
+    model(torch.tensor([[1, 2, 3]]), again)
+    torch.testing.assert_close(model(torch.tensor([[4]]), again), step)
+    model._forward_pre_hooks.update(plain["pre"]), model._forward_hooks.update(plain["post"])
+    # a step that fails still gives the threads back
+    with pytest.raises(IndexError):  # a position past the rotary table
+        model(torch.tensor([[5]]), cache, positions=torch.tensor([[10**6]]))
+    assert torch.get_num_threads() == 2
+    watch.remove()

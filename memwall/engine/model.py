@@ -14,6 +14,7 @@ from torch import nn
 from memwall.engine.kv_cache import KVCache
 from memwall.engine.layers import Block, RMSNorm, Rotary
 from memwall.engine.linear import Linear
+from memwall.machine.step_threads import choose_step_threads
 
 
 class Transformer(nn.Module):
@@ -47,6 +48,9 @@ class Transformer(nn.Module):
         self.lm_head = Linear(d_model, vocab_size)
         self.tied_embeddings = tied_embeddings
         self.rotary = Rotary(head_dim, max_positions, rope_theta)
+        # One-token steps on a CPU take fewer threads while another process holds a core: hooks
+        # around forward (machine/step_threads.py), which stays as written.
+        choose_step_threads(self)
 
     def forward(
         self,

@@ -5,6 +5,9 @@
 - `memory`: how much memory this process may use (the container's cgroup limit, else the host).
 - `cores`: how many cores it may use (affinity and the container's CPU quota).
 - `cpu_wait`: how long its threads waited for a CPU (another process held a core).
+- `step_threads`: how many threads a decode step uses, chosen from the steps' own times, so that
+  no step waits on a core another process holds (the fast path's and the readable engine's; needs
+  torch).
 - `caches`: the cache levels, and which level a working set of N bytes lives in.
 - `working_set`: the one rule that sizes a bandwidth test's buffers (caches and memory budget).
 - `microbench`: bandwidth of each memory level and matmul FLOP/s, measured (`measure()`).

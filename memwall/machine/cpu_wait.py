@@ -8,7 +8,7 @@ time). Both are this process's own experience, so they hold in a container too, 
 /proc/stat's counters describe the whole host.
 
 A speed path that moves to fewer threads because another process holds a core
-(engine/cpu/threads.py) stops waiting, but then measures a smaller machine; it says so through
+(machine/step_threads.py) stops waiting, but then measures a smaller machine; it says so through
 `note_fewer_threads`, and a span counts those steps too.
 
 `CpuWait()` starts a span; `share()` is the part of the time this process's threads wanted a CPU

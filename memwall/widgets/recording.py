@@ -9,18 +9,30 @@ them); ``student_widget_source`` points a student copy's widget cell at the reco
 
 import ast
 import itertools
+import math
 import numbers
 
 VALUES_PER_SLIDER = 5
 # Fewer values per slider where a widget has many sliders: the file must stay small.
 MAX_SETTINGS = 300
 SIGNIFICANT_DIGITS = 7
+# A value this small beside the widget's largest is floating-point rounding of a zero, and its
+# digits differ between CPUs (they add a sum's terms in different orders): stored as 0, the file
+# is the same on every machine. The widgets' real values span at most about 8 decades.
+ROUNDING_NOISE = 1e-12
 
 
 def _round(value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     return float(f"{float(value):.{SIGNIFICANT_DIGITS}g}")
+
+
+def _zero_rounding_noise(curves) -> None:
+    finite = [abs(v) for _, ys in curves for v in ys if v is not None and math.isfinite(v)]
+    floor = ROUNDING_NOISE * max(finite, default=0.0)
+    for _, ys in curves:
+        ys[:] = [0.0 if v is not None and abs(v) < floor else v for v in ys]
 
 
 def slider_values(spec, per_slider=VALUES_PER_SLIDER):
@@ -84,6 +96,7 @@ class Recorder:
             curves.append(
                 [list(setting), [_round(reference_fn(**{x_name: v, **params})) for v in x_values]]
             )
+        _zero_rounding_noise(curves)
         self.curves[self.cell_id] = {
             "x": [x_name, x_values], "sliders": grids, "start": start, "fixed": fixed,
             "curves": curves,

@@ -1,7 +1,7 @@
 """The CPU's speed path, beside the readable engine and applied only by `accelerate(model)`:
 C kernels (kernels.py, built by build.py), the readable layers' twins that run them (linears.py),
 the choice of kernel path by measurement (path_choice.py, calibrate.py), the decode step fused in
-C (fast_decode.py) with its thread count chosen per step (threads.py), and
+C (fast_decode.py) with its thread count chosen per step (`memwall.machine.step_threads`), and
 `memwall build-kernels` (cli.py)."""
 
 from __future__ import annotations

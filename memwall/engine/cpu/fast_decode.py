@@ -25,10 +25,10 @@ from torch import nn
 from memwall.engine.cpu import kernels, path_choice
 from memwall.engine.cpu.build import LayerSpec, MatmulElsewhere, MatmulSpec
 from memwall.engine.cpu.linears import with_twins
-from memwall.engine.cpu.threads import ThreadChoice
 from memwall.engine.kv_cache import KVCache
 from memwall.engine.paged_cache import PagedKVCache
 from memwall.machine.cores import usable_cores
+from memwall.machine.step_threads import ThreadChoice
 
 MAX_ROWS = 64  # sequences per step; the matmul path for each row count is chosen by measurement
 
@@ -64,7 +64,7 @@ class _Plan:
 
     def __init__(self, lib, threads: int, buf: dict, layers, matmuls: list, shape: tuple):
         self.lib, self.threads, self.buf = lib, threads, buf
-        # how many of them each step uses: fewer while another process holds a core (threads.py)
+        # how many of them each step uses: fewer while another process holds a core (machine/step_threads.py)
         self.thread_choice = ThreadChoice(min(threads, usable_cores()))
         self.layers, self.matmuls, self.shape = layers, matmuls, shape
         rows = buf["x"].shape[0]

@@ -20,6 +20,11 @@ it runs on all its threads, tries one thread now and then, and keeps whichever w
 
 A step on fewer threads than the machine has is noted (`memwall.machine.cpu_wait`), so a verdict
 never reads its time as the quiet machine's.
+
+The readable engine meets the same waits: its one-token steps are hundreds of small PyTorch ops,
+each a parallel region of PyTorch's threads. `choose_step_threads(model)` gives its one-token CPU
+steps the same choice, through forward hooks that set PyTorch's thread count for the step and
+restore it after, so that the model's own code stays as the textbook writes it.
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import weakref
 from collections import deque
 
+import torch
+
+from memwall.machine.cores import usable_cores
 from memwall.machine.cpu_wait import note_fewer_threads
 
 FIRST_TRY = 8  # steps before the other thread count is tried again after a switch
@@ -133,3 +142,63 @@ class ThreadChoice:
         self.countdown = self.wait
         # the next look at the cores' use starts after this try
         (self.idle_cores if tried_more else self.busy_elsewhere)()
+
+
+# ---- the readable engine's steps ------------------------------------------------------------------
+
+
+class _StepThreads:
+    """A model's thread choices, one per (rows, PyTorch's thread count): steps of different
+    batches take different times. And the step under way."""
+
+    def __init__(self):
+        self.choices: dict[tuple[int, int], ThreadChoice] = {}
+        self.step = None  # (choice, threads, PyTorch's own count, start) while a step runs
+
+
+# Kept beside the models, not in them: a copy (quantize(inplace=False)) keeps the hooks but starts
+# its own choices, since its steps take other times.
+_STEP_THREADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def choose_step_threads(model: torch.nn.Module) -> torch.nn.Module:
+    """Run `model`'s one-token CPU steps on the thread count a `ThreadChoice` picks from their
+    times; other calls (prompts, verification, a GPU, a compiled step) are left as they are."""
+    model.register_forward_pre_hook(_before_step, with_kwargs=True)
+    model.register_forward_hook(_after_step, with_kwargs=True, always_call=True)
+    return model
+
+
+def _before_step(model, args, kwargs):
+    if torch.compiler.is_compiling():
+        return
+    tokens = args[0] if args else kwargs.get("tokens")
+    if not (
+        isinstance(tokens, torch.Tensor)
+        and tokens.device.type == "cpu"
+        and tokens.dim() == 2
+        and tokens.shape[1] == 1
+    ):
+        return
+    state = _STEP_THREADS.setdefault(model, _StepThreads())
+    usual = torch.get_num_threads()
+    key = (tokens.shape[0], usual)
+    if key not in state.choices:
+        state.choices[key] = ThreadChoice(min(usual, usable_cores()))
+    choice = state.choices[key]
+    threads = choice.threads()
+    if threads != usual:
+        torch.set_num_threads(threads)
+    state.step = (choice, threads, usual, time.perf_counter())
+
+
+def _after_step(model, args, kwargs, output):
+    if torch.compiler.is_compiling():
+        return
+    state = _STEP_THREADS.get(model)
+    if state is None or state.step is None:
+        return
+    (choice, threads, usual, start), state.step = state.step, None
+    if threads != usual:
+        torch.set_num_threads(usual)
+    choice.record(threads, time.perf_counter() - start)
