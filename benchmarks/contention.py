@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/contention.py [--new-tokens 64] [--rounds 2] [--out DIR]
 
 Binder, Colab and a reader's other notebook all put other work on the cores an engine uses. This
-times batch-1 decode (`memwall bench decode`: memwall's fast path in fp32, int8 and int4, and the
-readable fp32 engine the chapters run) and, when `benchmarks/llamacpp_compare.py --install` has built it,
+times batch-1 decode (`memwall bench decode`: memwall's fast path and the readable engine the
+chapters run, each in fp32, int8 and int4) and, when `benchmarks/llamacpp_compare.py --install` has built it,
 llama.cpp on the shipped Q4_1 file, first quiet, then with one `while True: pass` process beside
 it, alternating the conditions over `--rounds` rounds. Each condition runs in fresh processes,
 so no thread pool or measured thread count carries over.
@@ -54,9 +54,9 @@ def busy_loop(on: bool):
 def memwall_paths(new_tokens: int, env=None) -> dict[str, float]:
     """tok/s of each memwall path, from one `bench decode` process per engine setting."""
     speeds = {}
-    for fast, quant in (("on", "none,int8,int4"), ("off", "none")):
+    for fast in ("on", "off"):
         command = [*MEMWALL, "bench", "decode", "--json", "--new-tokens", str(new_tokens)]
-        command += ["--fast", fast, "--quant", quant, "--repeats", "3"]
+        command += ["--fast", fast, "--quant", "none,int8,int4", "--repeats", "3"]
         result = json.loads(
             subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
         )
