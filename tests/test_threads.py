@@ -1,6 +1,9 @@
 """The fused step's thread count: chosen from the steps' own times, tried rarely, never spinning
 two threads against a core another process holds."""
 
+import os
+import time
+
 import pytest
 
 from memwall.machine.step_threads import LONGEST_WAIT, BusyElsewhere, IdleCores, ThreadChoice
@@ -93,6 +96,7 @@ def test_idle_cores_reads_the_kernel_counters(tmp_path, monkeypatch):
 
 def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("memwall.machine.step_threads._children_cpu_seconds", lambda: 0.0)
     clock = {"wall": 10.0, "own": 3.0}
     monkeypatch.setattr("time.monotonic", lambda: clock["wall"])
     monkeypatch.setattr("time.process_time", lambda: clock["own"])
@@ -102,6 +106,47 @@ def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(monkeypatch):
     assert meter() == pytest.approx(0.8)  # 2 cores - 0.2 idle - 1.0 own
     clock["wall"] = 12.0
     assert meter() is None  # the counters could not be read
+
+
+def test_a_look_too_short_for_the_kernels_ticks_sees_nobody_and_waits_for_a_longer_one(monkeypatch):
+    from memwall.machine.step_threads import SHORTEST_LOOK
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("memwall.machine.step_threads._children_cpu_seconds", lambda: 0.0)
+    clock = {"wall": 10.0, "own": 3.0}
+    monkeypatch.setattr("time.monotonic", lambda: clock["wall"])
+    monkeypatch.setattr("time.process_time", lambda: clock["own"])
+    looks = []
+    meter = BusyElsewhere(lambda: looks.append(clock["wall"]) or 0.0)
+    # 40 ms, one core busy in this process and no tick of idle time counted yet: no others seen
+    clock["wall"], clock["own"] = 10.04, 3.04
+    assert meter() == 0.0 and looks == []
+    # the look that counts spans from 10.0: the whole second, one core this process's, none idle
+    clock["wall"], clock["own"] = 10.0 + max(1.0, SHORTEST_LOOK), 4.0
+    assert meter() == pytest.approx(1.0) and len(looks) == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's /proc only")
+def test_the_cpu_time_of_a_process_this_one_started_counts_as_its_own():
+    """A chapter's own client processes are its work: a busy child is not "another program"."""
+    import subprocess
+    import sys
+
+    from memwall.machine.step_threads import _children_cpu_seconds
+
+    before = _children_cpu_seconds()
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn + "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while _children_cpu_seconds() - before < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        running = _children_cpu_seconds() - before  # read while the child still runs
+    finally:
+        child.communicate(b"")
+    assert running >= 0.3
+    assert _children_cpu_seconds() - before >= 0.3  # and once it has ended
 
 
 def test_steps_on_fewer_threads_are_noted_for_the_verdicts():

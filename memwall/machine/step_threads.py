@@ -1,11 +1,12 @@
-"""How many threads a fused decode step uses, chosen from the steps' own times.
+"""How many threads a decode step uses, chosen from the steps' own times.
 
-A decode step is a few hundred parallel pieces, each ending at a barrier where every thread waits
-for the slowest. When another process holds one of the cores, the thread that shares that core
-runs only when the scheduler gives it a turn (milliseconds later), and every barrier pays for
-the wait: two threads can then be tens of times slower than one. Load averages cannot say this
-in time (they lag by a minute, and in a container they describe the host), so the step measures:
-it runs on all its threads, tries one thread now and then, and keeps whichever was faster.
+A decode step (the fast path's fused C step, or the readable engine's) is a few hundred parallel
+pieces, each ending at a barrier where every thread waits for the slowest. When another process
+holds one of the cores, the thread that shares that core runs only when the scheduler gives it a
+turn (milliseconds later), and every barrier pays for the wait: two threads can then be tens of
+times slower than one. Load averages cannot say this in time (they lag by a minute, and in a
+container they describe the host), so the step measures: it runs on all its threads, tries one
+thread now and then, and keeps whichever was faster.
 
 - A try that loses waits twice as long before the next one, so a machine whose load stays put
   pays for the tries less and less; a try that wins switches at once.
@@ -16,7 +17,8 @@ it runs on all its threads, tries one thread now and then, and keeps whichever w
   since the last look (`/proc/stat`; where it cannot be read, the doubling wait alone decides).
 - Trying fewer threads on a quiet machine costs a slow step too (one core streams the weights at
   a fraction of the bandwidth), so it is tried only when other processes took at least half a
-  core's time since the last look: the cores' busy time less this process's own.
+  core's time since the last look: the cores' busy time less this process's own and that of the
+  processes it started (a chapter's own clients are part of its experiment, not a disturbance).
 
 A step on fewer threads than the machine has is noted (`memwall.machine.cpu_wait`), so a verdict
 never reads its time as the quiet machine's.
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 import weakref
 from collections import deque
+from pathlib import Path
 
 import torch
 
@@ -47,6 +51,10 @@ SUDDEN = 2.0  # a step this many times the recent median brings the next try for
 RECENT = 5  # steps whose median stands for the current count
 IDLE_TO_TRY = 0.5  # idle cores (beside this step's own) needed before more threads are tried
 BUSY_TO_TRY = 0.5  # cores' worth of other processes' work needed before fewer threads are tried
+# The kernel counts idle time in ticks (usually 10 ms): over a look of a few steps, a tick more or
+# less reads as a core's fifth, and this process's own time (counted in nanoseconds) set against it
+# would show other processes that are not there. A look spans at least this long.
+SHORTEST_LOOK = 0.25  # seconds
 
 
 class IdleCores:
@@ -69,26 +77,64 @@ class IdleCores:
 
     def __call__(self) -> float | None:
         now, idle = time.monotonic(), self._idle_seconds()
-        (then, before), self.last = self.last, (now, idle)
-        if idle is None or before is None or now <= then:
+        then, before = self.last
+        if idle is None or before is None:
+            self.last = (now, idle)
             return None
+        if now - then < SHORTEST_LOOK:
+            return 0.0  # too short to tell: no idle core seen yet; the next look spans longer
+        self.last = (now, idle)
         return (idle - before) / (now - then)
+
+
+def _children_cpu_seconds() -> float:
+    """CPU seconds of the processes this one started, ended or running: work it asked for (a
+    chapter's own client processes), not another program's."""
+    times = os.times()
+    total = times.children_user + times.children_system  # those already ended
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in _running_children():
+        try:
+            # after the name in parentheses: state, ppid ... utime and stime are the 12th and 13th
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            continue  # it ended between the listing and the read: os.times counts it now
+    return total
+
+
+def _running_children() -> list[str]:
+    pids = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            pids += Path(f"/proc/self/task/{task}/children").read_text().split()
+    except OSError:
+        pass
+    return pids
 
 
 class BusyElsewhere:
     """How many cores' worth of time other processes took, on average, since the last call: the
-    cores this process may use, less their idle time and less this process's own CPU time."""
+    cores this process may use, less their idle time, this process's own CPU time and that of the
+    processes it started."""
 
     def __init__(self, idle_cores=None):
         self.idle_cores = idle_cores or IdleCores()
         self.cores = len(os.sched_getaffinity(0))
-        self.last = (time.monotonic(), time.process_time())
+        self.last = (time.monotonic(), self._own())
+
+    @staticmethod
+    def _own() -> float:
+        return time.process_time() + _children_cpu_seconds()
 
     def __call__(self) -> float | None:
-        idle = self.idle_cores()
-        now, own = time.monotonic(), time.process_time()
-        (then, before), self.last = self.last, (now, own)
-        if idle is None or now <= then:
+        now = time.monotonic()
+        then, before = self.last
+        if now - then < SHORTEST_LOOK:
+            return 0.0  # too short to tell: nobody else seen yet; the next look spans longer
+        idle, own = self.idle_cores(), self._own()
+        self.last = (now, own)
+        if idle is None:
             return None
         return max(0.0, self.cores - idle - (own - before) / (now - then))
 
@@ -149,11 +195,11 @@ class ThreadChoice:
 
 class _StepThreads:
     """A model's thread choices, one per (rows, PyTorch's thread count): steps of different
-    batches take different times. And the step under way."""
+    batches take different times. And the steps under way, one per calling thread."""
 
     def __init__(self):
         self.choices: dict[tuple[int, int], ThreadChoice] = {}
-        self.step = None  # (choice, threads, PyTorch's own count, start) while a step runs
+        self.steps: dict[int, tuple] = {}  # thread id: (choice, threads, PyTorch's count, start)
 
 
 # Kept beside the models, not in them: a copy (quantize(inplace=False)) keeps the hooks but starts
@@ -189,16 +235,17 @@ def _before_step(model, args, kwargs):
     threads = choice.threads()
     if threads != usual:
         torch.set_num_threads(threads)
-    state.step = (choice, threads, usual, time.perf_counter())
+    state.steps[threading.get_ident()] = (choice, threads, usual, time.perf_counter())
 
 
 def _after_step(model, args, kwargs, output):
     if torch.compiler.is_compiling():
         return
     state = _STEP_THREADS.get(model)
-    if state is None or state.step is None:
+    step = state and state.steps.pop(threading.get_ident(), None)
+    if step is None:
         return
-    (choice, threads, usual, start), state.step = state.step, None
+    choice, threads, usual, start = step
     if threads != usual:
         torch.set_num_threads(usual)
     choice.record(threads, time.perf_counter() - start)
