@@ -94,12 +94,18 @@ def test_idle_cores_reads_the_kernel_counters(tmp_path, monkeypatch):
     assert IdleCores(str(tmp_path / "missing"))() is None
 
 
-def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(monkeypatch):
+@pytest.fixture
+def clock(monkeypatch):
+    """Two cores, no child processes, and a wall clock and CPU-time clock the test sets."""
+    clock = {"wall": 10.0, "own": 3.0}
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr("memwall.machine.step_threads._children_cpu_seconds", lambda: 0.0)
-    clock = {"wall": 10.0, "own": 3.0}
     monkeypatch.setattr("time.monotonic", lambda: clock["wall"])
     monkeypatch.setattr("time.process_time", lambda: clock["own"])
+    return clock
+
+
+def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(clock):
     idle = iter([0.2, None])
     meter = BusyElsewhere(lambda: next(idle))
     clock["wall"], clock["own"] = 11.0, 4.0  # one second: 0.2 cores idle, one core this process
@@ -108,14 +114,9 @@ def test_busy_elsewhere_is_the_cores_busy_time_less_this_process(monkeypatch):
     assert meter() is None  # the counters could not be read
 
 
-def test_a_look_too_short_for_the_kernels_ticks_sees_nobody_and_waits_for_a_longer_one(monkeypatch):
+def test_a_look_too_short_for_the_kernels_ticks_sees_nobody_and_waits_for_a_longer_one(clock):
     from memwall.machine.step_threads import SHORTEST_LOOK
 
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr("memwall.machine.step_threads._children_cpu_seconds", lambda: 0.0)
-    clock = {"wall": 10.0, "own": 3.0}
-    monkeypatch.setattr("time.monotonic", lambda: clock["wall"])
-    monkeypatch.setattr("time.process_time", lambda: clock["own"])
     looks = []
     meter = BusyElsewhere(lambda: looks.append(clock["wall"]) or 0.0)
     # 40 ms, one core busy in this process and no tick of idle time counted yet: no others seen

@@ -64,7 +64,8 @@ class _Plan:
 
     def __init__(self, lib, threads: int, buf: dict, layers, matmuls: list, shape: tuple):
         self.lib, self.threads, self.buf = lib, threads, buf
-        # how many of them each step uses: fewer while another process holds a core (machine/step_threads.py)
+        # how many of them each step uses: fewer while another process holds a core
+        # (memwall/machine/step_threads.py)
         self.thread_choice = ThreadChoice(min(threads, usable_cores()))
         self.layers, self.matmuls, self.shape = layers, matmuls, shape
         rows = buf["x"].shape[0]
