@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from memwall.bench.records import save_record  # noqa: E402
+from memwall.machine import usable_cores  # noqa: E402
 
 MEMWALL = [sys.executable, "-m", "memwall.cli"]
 
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     args = parser.parse_args(argv)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()  # as memwall's engines count them: affinity and CPU quota
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}
     samples: dict[str, dict[str, list[float]]] = {"quiet": {}, "busy": {}, "one thread": {}}
     for round_number in range(args.rounds):
