@@ -8,6 +8,9 @@ import torch
 # The CPU twins take kernel paths by the fixed rule, not by timing this machine: tests must not
 # depend on timings. Tests that compare paths pin them (memwall.engine.cpu.path_choice).
 os.environ.setdefault("MEMWALL_KERNEL_PATH", "fixed")
+# The tests (and the books they build) check the CPU paths, also on a machine with a GPU, where
+# the chapters would otherwise run on it; the GPU has its own check, benchmarks/gpu_check.sh.
+os.environ.setdefault("MEMWALL_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

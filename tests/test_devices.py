@@ -1,4 +1,5 @@
-"""One device per notebook: the model, the engine and measure() agree, even when a GPU is present."""
+"""One device per notebook: the model, the engine and measure() agree; a GPU is the default where
+there is one, and MEMWALL_DEVICE=cpu keeps a GPU machine's notebook on the CPU."""
 
 import dataclasses
 
@@ -20,7 +21,16 @@ def cuda_present(monkeypatch):
     monkeypatch.delenv(devices.ENVIRONMENT_VARIABLE, raising=False)
 
 
-def test_with_a_gpu_present_the_model_the_engine_and_measure_all_use_the_cpu(cuda_present):
+def test_with_a_gpu_present_the_notebook_runs_on_it_and_says_how_to_choose_the_cpu(cuda_present):
+    assert devices.default_device() == "cuda"
+    assert devices.describe() == (
+        "Runs on cuda and measures cuda (the GPU found).\n"
+        "To run on the CPU instead, set MEMWALL_DEVICE=cpu before starting."
+    )
+
+
+def test_the_variable_keeps_a_gpu_machine_on_the_cpu(cuda_present, monkeypatch):
+    monkeypatch.setenv(devices.ENVIRONMENT_VARIABLE, "cpu")
     assert devices.default_device() == "cpu"
     assert "has a GPU too" in devices.describe() and "MEMWALL_DEVICE=cuda" in devices.describe()
     assert max(len(line) for line in devices.describe().splitlines()) <= 92
@@ -62,7 +72,8 @@ def test_without_a_gpu_the_sentence_says_so(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_offline_model_loads_where_measure_measures(cuda_present):
+def test_the_offline_model_loads_where_measure_measures(cuda_present, monkeypatch):
+    monkeypatch.setenv(devices.ENVIRONMENT_VARIABLE, "cpu")
     hf_model, _ = models.load("smollm2-135m")
     engine = shared_engine(hf_model)
     assert next(hf_model.parameters()).device.type == "cpu"

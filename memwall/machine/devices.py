@@ -2,10 +2,10 @@
 
 `memwall.models.load`, `memwall.models.random_init` and `memwall.machine.measure` all default to
 `default_device()`: the device named by ``MEMWALL_DEVICE`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``),
-else the CPU. The CPU is the default even when a GPU is present (as on a Colab GPU runtime)
-because the chapters are written for it; `describe()` says so in one plain sentence, and
-``MEMWALL_DEVICE=cuda`` moves the model, the engine and the measurements to the GPU together.
-The `memwall` command's own `--device` options keep preferring a GPU when there is one.
+else an NVIDIA GPU where torch sees one (a reader who picked a GPU runtime expects the chapters
+to run on it), else the CPU. ``MEMWALL_DEVICE=cpu`` keeps everything on the CPU of a GPU machine.
+An Apple GPU (``mps``) is used only when named: memwall's speed paths are for CPUs and CUDA.
+`describe()` says which device runs, in one plain sentence, and how to choose the other.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ KINDS = ("cpu", "cuda", "mps")
 
 
 def default_device() -> str:
-    """``MEMWALL_DEVICE`` if set (checked), else ``"cpu"``."""
+    """``MEMWALL_DEVICE`` if set (checked), else ``"cuda"`` where there is one, else ``"cpu"``."""
     chosen = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if not chosen:
-        return "cpu"
+        return "cuda" if _available("cuda") else "cpu"
     kind, _, index = chosen.partition(":")
     if kind not in KINDS or (index and not index.isdigit()):
         raise ValueError(
@@ -40,14 +40,21 @@ def gpu_present() -> bool:
 def describe(device: str | None = None) -> str:
     """One sentence saying which device the notebook measures, and what else is there."""
     device = device or default_device()
+    named = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if device.startswith("cpu"):
         if gpu_present():
+            gpu = "cuda" if _available("cuda") else "mps"
             return (  # two short lines: chapters print it, and their output column is narrow
                 "Runs on the CPU and measures the CPU.\n"
-                f"This machine has a GPU too: set {ENVIRONMENT_VARIABLE}=cuda before starting to use it."
+                f"This machine has a GPU too: set {ENVIRONMENT_VARIABLE}={gpu} before starting to use it."
             )
         return "Runs on the CPU and measures the CPU (no GPU found)."
-    return f"Runs on {device} and measures {device} ({ENVIRONMENT_VARIABLE}={device})."
+    if named == device:
+        return f"Runs on {device} and measures {device} ({ENVIRONMENT_VARIABLE}={device})."
+    return (
+        f"Runs on {device} and measures {device} (the GPU found).\n"
+        f"To run on the CPU instead, set {ENVIRONMENT_VARIABLE}=cpu before starting."
+    )
 
 
 def _available(kind: str) -> bool:

@@ -253,7 +253,7 @@ def _measure(device_str: str, quick: bool, kernels: bool = False) -> Measurement
 
 def measure(device=None, quick: bool = False) -> Measurement:
     """Measure memory bandwidth and matmul FLOP/s on `device` (default: the device the models load
-    on, `memwall.machine.devices.default_device()`: the CPU unless MEMWALL_DEVICE says otherwise).
+    on, `memwall.machine.devices.default_device()`: MEMWALL_DEVICE, else a CUDA GPU, else the CPU).
 
     Results are cached for the process, so chapters can call this freely. `quick` times fewer
     repeats and a smaller matmul, for tests; the buffers follow the same sizing rule.
