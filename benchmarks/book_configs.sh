@@ -3,6 +3,7 @@
 #   default      the kernels memwall chooses on this machine
 #   kernels-off  MEMWALL_CPU_KERNELS=0 (PyTorch's kernels only: the path ARM and Apple laptops take)
 #   one-thread   OMP_NUM_THREADS=1
+#   compiled     MEMWALL_ACCELERATE=compiled (the GPU's compiled step, run on the CPU: slow, a check)
 # Usage: benchmarks/book_configs.sh [OUT_DIR] [CONFIG ...]   (default OUT_DIR: /tmp/memwall-configs)
 # Each build goes to OUT_DIR/CONFIG; OUT_DIR/CONFIG.txt holds every chapter's printed output, so
 # the verdicts of two configurations can be read side by side (diff them).
@@ -19,7 +20,8 @@ for config in "${configs[@]}"; do
         default) settings=() ;;
         kernels-off) settings=(MEMWALL_CPU_KERNELS=0) ;;
         one-thread) settings=(OMP_NUM_THREADS=1) ;;
-        *) echo "unknown configuration $config (default, kernels-off, one-thread)" >&2; exit 2 ;;
+        compiled) settings=(MEMWALL_ACCELERATE=compiled) ;;
+        *) echo "unknown configuration $config (default, kernels-off, one-thread, compiled)" >&2; exit 2 ;;
     esac
     echo "== $config ${settings[*]:-}"
     started=$(date +%s)

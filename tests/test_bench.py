@@ -134,11 +134,13 @@ def test_bad_arguments_raise_value_errors(tiny_hf, kwargs, message):
         bench_decode(tiny_hf, **{"bandwidth": FAKE_BANDWIDTH, "progress": False, **kwargs})
 
 
-def test_options_resolve_with_clear_errors():
-    assert (
-        harness.resolve_dtype(None, "cpu") == "fp32"
-        and harness.resolve_dtype(None, "cuda") == "bf16"
-    )
+def test_options_resolve_with_clear_errors(monkeypatch):
+    assert harness.resolve_dtype(None, "cpu") == "fp32"
+    # a GPU's default is the 16-bit format it computes in: bf16 from compute capability 8.0 on
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert harness.resolve_dtype(None, "cuda") == "bf16"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert harness.resolve_dtype(None, "cuda") == "fp16"  # a T4 emulates bf16
     with pytest.raises(ValueError, match="choose from fp32, bf16, fp16"):
         harness.resolve_dtype("fp8", "cpu")
     with pytest.raises(ValueError, match="choose from cpu, cuda"):

@@ -227,3 +227,35 @@ def test_bench_batch_makes_every_tensor_on_the_models_device(tiny_engine, fast, 
     cache = real(fast, 2, 5, 9, generator)
     assert cache.length == 5 and cache.layer_keys[1][:2, :, :5].abs().sum() > 0
     assert cache.layer_values[0][:, :, 5:].abs().sum() == 0
+
+
+def test_a_dropped_caches_buffers_are_reused_in_and_out_of_inference_mode(tiny_engine, fast):
+    # buffers made under inference mode (as `bench batch` makes its caches) are inference
+    # tensors: zeroing them for reuse outside it must not fail
+    with torch.inference_mode():
+        first = fast.new_cache(batch=1, max_tokens=9)
+        first.layer_keys[0].fill_(1.0)  # what a request left behind
+    assert first.layer_keys[0].is_inference()  # new buffers, not another test's left in the pool
+    addresses = [t.data_ptr() for t in first.layer_keys]
+    del first
+    again = fast.new_cache(batch=1, max_tokens=9)
+    assert [t.data_ptr() for t in again.layer_keys] == addresses
+    assert all(not t.any() for t in (*again.layer_keys, *again.layer_values))
+
+
+def test_the_variable_makes_accelerate_take_the_compiled_path(tiny_engine, monkeypatch):
+    monkeypatch.setenv("MEMWALL_ACCELERATE", "compiled")
+    assert isinstance(accelerate(tiny_engine), CompiledDecoder)
+    monkeypatch.setenv("MEMWALL_ACCELERATE", "gpu")
+    with pytest.raises(ValueError, match="MEMWALL_ACCELERATE='gpu' is not a backend"):
+        accelerate(tiny_engine)
+
+
+def test_bench_speculative_fast_runs_the_compiled_target(tiny_engine, monkeypatch):
+    from memwall.bench.speculative import bench_speculative
+
+    monkeypatch.setenv("MEMWALL_ACCELERATE", "compiled")
+    result = bench_speculative(tiny_engine, "lookup:2", k=3, new_tokens=12, repeats=1,
+                               warmup=0, progress=False, fast=True)  # fmt: skip
+    assert result["fast"] and result["fallback"] is None
+    assert result["identical_to_plain"]

@@ -48,12 +48,17 @@ def resolve_device(device: str | None) -> str:
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:
-    """A dtype name from DTYPES; default fp32 on CPU and bf16 on a GPU.
+    """A dtype name from DTYPES; default fp32 on CPU and, on a GPU, the 16-bit format it computes
+    in natively (bf16, or fp16 on GPUs before compute capability 8.0, such as a T4).
 
     fp32 on a CPU because that is the engine's reference path there, not because every CPU lacks
     bf16: `memwall.machine.fingerprint.has_native_bf16()` says whether this one has it."""
     if dtype is None:
-        return "fp32" if device == "cpu" else "bf16"
+        if device == "cpu":
+            return "fp32"
+        from memwall.engine.cuda import native_half_dtype
+
+        return dtype_name(native_half_dtype(device))
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}.")
     return dtype

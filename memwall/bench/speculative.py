@@ -53,14 +53,18 @@ def bench_speculative(
     dtype: str | None = None,
     tokenizer=None,
     progress: bool | None = None,
+    fast: bool = False,
 ) -> dict:
     """Time plain vs speculative decoding and return a dict of medians and acceptance figures.
 
     model: a name (see `memwall.bench.workload`) or a memwall engine `Transformer` (then pass
     `tokenizer`). draft: "self:N" (first N layers), "lookup:N" (n-gram prompt lookup) or
-    "model:NAME" (a separate model with the same vocabulary).
+    "model:NAME" (a separate model with the same vocabulary). fast: the target and a model draft
+    run through `accelerate` (the device's speed path), in both the plain and the speculative
+    runs; a self draft stays the readable engine's first layers.
     """
     from memwall.engine import Sampling, generate, shared_engine
+    from memwall.engine.accelerate import accelerate
     from memwall.engine.drafts import parse_draft
     from memwall.engine.speculative import expected_tokens_per_pass, speculative_generate
 
@@ -79,9 +83,12 @@ def bench_speculative(
         device, dtype = str(parameter.device), harness.dtype_name(parameter.dtype)
 
     def load_draft_model(draft_name):
-        return shared_engine(workload.load_model(draft_name, dtype, device)[0])
+        engine = shared_engine(workload.load_model(draft_name, dtype, device)[0])
+        return accelerate(engine) if fast else engine
 
     draft_obj = parse_draft(draft, target, load_draft_model)
+    if fast:
+        target = accelerate(target)
     ids = prompt_ids(tokenizer, prompt, target.lm_head.out_features)
     stop = () if tokenizer is None or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
     sampling = Sampling(temperature=temperature, seed=seed if temperature > 0 else None)
@@ -139,6 +146,8 @@ def bench_speculative(
         "temperature": temperature,
         **harness.environment(device),
         "dtype": dtype,
+        "fast": fast,
+        "fallback": target.fallback_reason(target.new_cache(1, 1)) if fast else None,
         "repeats": repeats,
         "warmup": warmup,
         "tokens_generated": len(out.tokens),
@@ -198,6 +207,12 @@ def add_cli(bench_subparsers) -> None:
         "--new-tokens", type=int, default=64, help="tokens generated per run (default 64)"
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="run the target (and a model draft) through the device's speed path: the fused C "
+        "step on a CPU, the compiled step as CUDA graphs on a GPU",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs of each; medians reported (default 3)"
@@ -226,6 +241,7 @@ def run_cli(args) -> int:
         warmup=args.warmup,
         device=args.device,
         dtype=args.dtype,
+        fast=args.fast,
     )
     harness.print_result(result, args.json)
     return 0

@@ -12,33 +12,51 @@ take `x` and whose `run(path, x)` computes through one of them.
 
 `backend="compiled"` applies the CUDA backend's compiled path on any device: on a CPU it runs
 under `torch.compile` without graphs, which is how CI tests it against the readable engine.
+``MEMWALL_ACCELERATE=compiled`` makes that the choice of every `accelerate(model)` left on
+"auto", so that the whole book can run the GPU's code path on a CPU (slowly: it is a check).
 """
 
 from __future__ import annotations
 
+import os
+
 from torch import nn
 
 BACKENDS = ("auto", "cpu", "compiled")
+ENVIRONMENT_VARIABLE = "MEMWALL_ACCELERATE"
+
+
+def chosen_backend() -> str:
+    """``MEMWALL_ACCELERATE`` if set (auto, cpu or compiled), else "auto"."""
+    chosen = os.environ.get(ENVIRONMENT_VARIABLE, "").strip() or "auto"
+    if chosen not in BACKENDS:
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE}={chosen!r} is not a backend; use {', '.join(BACKENDS)}"
+        )
+    return chosen
 
 
 def accelerate(module: nn.Module, backend: str = "auto") -> nn.Module:
     """`module` (a model, or one linear layer) with its device's speed path applied: the same
     weights, the same outputs up to rounding.
 
-    backend: "auto" (from the weights' device: cpu -> engine/cpu, cuda -> engine/cuda), "cpu",
-    or "compiled" (engine/cuda's compiled decode on whatever device the weights are on)."""
+    backend: "auto" (``MEMWALL_ACCELERATE`` if set, else from the weights' device: cpu ->
+    engine/cpu, cuda -> engine/cuda), "cpu", or "compiled" (engine/cuda's compiled decode on
+    whatever device the weights are on)."""
     if backend not in BACKENDS:
         raise ValueError(f"Unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     tensor = next(iter((*module.parameters(), *module.buffers())), None)
     device = tensor.device.type if tensor is not None else "cpu"
     single_layer = not hasattr(module, "blocks")
     if backend == "auto" and not single_layer:
-        if device not in ("cpu", "cuda"):
+        backend = chosen_backend()
+        if backend == "auto" and device not in ("cpu", "cuda"):
             raise ValueError(
                 f"accelerate has speed paths for weights on cpu or cuda, not {device}; "
                 "use the readable model there"
             )
-        backend = "compiled" if device == "cuda" else "cpu"
+        if backend == "auto":
+            backend = "compiled" if device == "cuda" else "cpu"
     if backend == "compiled":
         from memwall.engine import cuda
 

@@ -209,7 +209,7 @@ def verify(
     vocab: int,
 ) -> tuple[int, int]:
     """One target pass over [last_token, guesses...]: how many guesses survive, and the next token."""
-    device = cache.keys.device
+    device = next(target.parameters()).device  # any cache kind: readable, quantized, static
     fed = torch.tensor([[last_token, *proposal.tokens]], device=device)
     logits = target(fed, cache)[
         0

@@ -159,16 +159,21 @@ def run_serve(args):
         allowed_origins=origins,
     )
     # The CPU fused step runs the scheduler's decode steps on its paged cache in place. Where it
-    # cannot (the C kernels off, a bf16 model, or CUDA graphs, which need a static cache), the
-    # accelerated model runs the readable engine's code with this machine's kernels: say so.
+    # cannot (the C kernels off, a bf16 model), the layers still run this machine's kernels; the
+    # GPU's compiled step takes only its static cache, so there the steps are the readable
+    # engine's. Either way, say so.
     why_not = getattr(model, "fallback_reason", None) if args.fast == "on" else None
     fallback = why_not(server.loop.scheduler.cache) if callable(why_not) else None
+    from memwall.engine.cuda import CompiledDecoder
+
+    compiled = fallback and isinstance(model, CompiledDecoder)  # so every step is readable
     if fallback:
-        print(f"note: --fast on: the layers run this machine's kernels, but not the fused "
-              f"decode step ({fallback})", file=sys.stderr, flush=True)  # fmt: skip
+        what = ("the decode steps run the readable engine" if compiled else
+                "the layers run this machine's kernels, but not the fused decode step")  # fmt: skip
+        print(f"note: --fast on: {what} ({fallback})", file=sys.stderr, flush=True)
     shown_host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
     chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
-    path = "fast path" if args.fast == "on" else "readable engine"
+    path = "fast path" if args.fast == "on" and not compiled else "readable engine"
     print(
         f"memwall serving {args.model} on {device} ({dtype}, {path}) at "
         f"http://{shown_host}:{server.server_port}/v1: batches of up to {args.max_batch}, "

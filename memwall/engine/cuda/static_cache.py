@@ -41,8 +41,10 @@ class StaticKVCache:
             self.layer_keys, self.layer_values = buffers
             if self.layer_keys[0].shape != shape or self.dtype != dtype:
                 raise ValueError("the buffers to reuse have another shape or dtype")
-            for buffer in (*self.layer_keys, *self.layer_values):
-                buffer.zero_()
+            # Buffers made under inference mode can be written only inside it.
+            with torch.inference_mode(self.layer_keys[0].is_inference()):
+                for buffer in (*self.layer_keys, *self.layer_values):
+                    buffer.zero_()
         else:
             self.layer_keys, self.layer_values = self._allocate(n_layers, shape, dtype, device)
         self.batch, self.rows, self.max_tokens = batch, rows, max_tokens
