@@ -15,11 +15,16 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
 5. transformers' eager `generate` and its static-cache `generate` (compiled by transformers on a
    GPU) as peers, batch 1, same model and prompt;
 6. every chapter executed on CUDA, only where a Jupyter stack (nbclient, jupytext, ipykernel)
-   and the offline model are installed; otherwise `chapters_on_cuda_ok` is null.
+   and the offline model are installed (benchmarks/gpu_kit.py carries them to a machine without
+   them); otherwise `chapters_on_cuda_ok` is null. What each chapter printed is kept.
+
+`--sections speed` runs 1-5, `--sections chapters` runs 6; `--resume` adds to the newest record
+of this machine, so the two can run in two calls of a device tool that limits each call's time.
 
 Writes benchmarks/results/gpu_check-<machine id>-<date>.json (after every section, so a run cut
 short keeps what it measured; `--results-dir` to write elsewhere) and prints a markdown table.
-`--allow-cpu` is a dry run with tiny shapes, to prove the script end to end without a GPU.
+`--allow-cpu` is a dry run with tiny shapes, to prove the script end to end without a GPU (with
+`--sections chapters`, it runs the chapters on the CPU: a check of the kit, not of the chapters).
 """
 
 from __future__ import annotations
@@ -312,42 +317,76 @@ def hf_timing(hf, prompt, new_tokens, repeats, static: bool) -> dict:
 # ---- 6. the chapters on CUDA ---------------------------------------------------------------------
 
 
-def check_chapters(device, budget, timeout_s=600) -> dict:
+def printed(notebook) -> list[str]:
+    """What a notebook printed, cell by cell: its prose's verdicts, to read after the run."""
+    texts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            text = output.get("text") or data.get("text/markdown") or data.get("text/plain")
+            if text:
+                texts.append(text if isinstance(text, str) else "".join(text))
+    return texts
+
+
+def check_chapters(device, budget, record, numbers=(), timeout_s=300) -> dict:
     """Execute every chapter with MEMWALL_DEVICE set to `device`: true only if all ran cleanly;
-    null (None) where the Jupyter stack or the offline model is missing."""
+    null (None) where the Jupyter stack or the offline model is missing. Keeps what each chapter
+    printed and how long it took; the record is saved after every chapter."""
     import importlib.util
     import os
 
+    # A chapter run again (`--chapters`, `--resume`) replaces its earlier result only.
+    earlier = record.get("chapters", {})
+    out = {key: dict(earlier.get(key, {})) for key in ("chapters", "seconds", "printed")}
+    out["chapters_on_cuda_ok"] = earlier.get("chapters_on_cuda_ok")
     missing = [
         m for m in ("nbclient", "jupytext", "ipykernel") if importlib.util.find_spec(m) is None
     ]
     if missing:
-        return {"chapters_on_cuda_ok": None, "reason": f"no {', '.join(missing)} here"}
+        return {**out, "reason": f"no {', '.join(missing)} here"}
     try:
         from memwall import models
 
-        models.load("smollm2-135m")
+        models.load("smollm2-135m")  # converted once here, not inside the first chapter
     except Exception as error:  # the chapters need the real model file
-        return {"chapters_on_cuda_ok": None, "reason": f"the offline model is missing: {error}"}
+        return {**out, "reason": f"the offline model is missing: {error}"}
     import jupytext
     from nbclient import NotebookClient
 
     os.environ["MEMWALL_DEVICE"] = device
-    results = {}
-    for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md")):
-        if budget.spent():
-            results[path.name] = "skipped: time budget spent"
+    # The kernels import memwall from this checkout, installed or not.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    record["chapters"] = out
+    paths = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md"))
+    for path in paths:
+        # asked for by number; or, with none named, all but those that ran cleanly before
+        asked = path.name[:2] in numbers if numbers else out["chapters"].get(path.name) != "ok"
+        if not asked:
             continue
+        if budget.spent():
+            out["chapters"].setdefault(path.name, "skipped: time budget spent")
+            continue
+        print(f"gpu_check: chapter {path.name}...", file=sys.stderr, flush=True)
         notebook = jupytext.read(path)
         client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
+        started = time.perf_counter()
         try:
             client.execute()
-            results[path.name] = "ok"
+            out["chapters"][path.name] = "ok"
         except Exception as error:
-            results[path.name] = f"{type(error).__name__}: {str(error)[-400:]}"
-    ok = all(value == "ok" for value in results.values()) if results else None
-    return {"chapters_on_cuda_ok": ok, "chapters": results}
+            out["chapters"][path.name] = f"{type(error).__name__}: {str(error)[-400:]}"
+        out["seconds"][path.name] = time.perf_counter() - started
+        out["printed"][path.name] = printed(notebook)
+        budget.save(record)
+    # True only when every chapter ran cleanly; False when one failed; None while some have not run
+    results = [out["chapters"].get(path.name, "not run") for path in paths]
+    failed = any(v not in ("ok", "not run") and not v.startswith("skipped") for v in results)
+    out["chapters_on_cuda_ok"] = False if failed else (all(v == "ok" for v in results) or None)
+    return out
 
 
 # ---- the record ----------------------------------------------------------------------------------
@@ -356,9 +395,9 @@ def check_chapters(device, budget, timeout_s=600) -> dict:
 class Budget:
     """Wall-clock budget: sections not started once it is spent; the record saved as it grows."""
 
-    def __init__(self, seconds: float, results_dir: Path | None):
+    def __init__(self, seconds: float, results_dir: Path | None, path: Path | None = None):
         self.start, self.seconds, self.results_dir = time.perf_counter(), seconds, results_dir
-        self.path = None
+        self.path = path  # the record to rewrite; a new one is named on the first save
 
     def spent(self) -> bool:
         return time.perf_counter() - self.start > self.seconds
@@ -371,6 +410,8 @@ class Budget:
         record["wall_seconds"] = time.perf_counter() - self.start
         if self.path is None:
             self.path = save_record(record, "gpu_check", self.results_dir)
+            saved = json.loads(self.path.read_text())  # the fingerprint and date it added
+            record.update({k: saved[k] for k in ("machine", "machine_id", "date")})
         else:
             self.path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
@@ -431,7 +472,7 @@ def markdown(record: dict) -> str:
         f"| memwall over transformers static+compiled | {show(s['vs_hf_static_compiled'])}x | >= 1x |",
         f"| memwall over transformers eager | {show(s['vs_hf_eager'])}x | >= 4x |",
         f"| correctness (compiled vs readable vs transformers) | {show(s['correctness_ok'])} | True |",
-        f"| chapters executed on CUDA | {show(s['chapters_on_cuda_ok'])} | True |",
+        f"| chapters executed on {record['device']} | {show(s['chapters_on_cuda_ok'])} | True |",
         "",
         "| engine, batch 1 | ms/token | tok/s | GB/step | GB/s | wall s (compile included) |",
         "|---|---|---|---|---|---|",
@@ -472,6 +513,8 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
         record[name] = {"skipped": "time budget spent"}
         return
     print(f"gpu_check: {name}...", file=sys.stderr, flush=True)
+    for stale in ("error", "traceback"):  # from an earlier call's try (`--resume`)
+        record.get(name, {}).pop(stale, None)
     started = time.perf_counter()
     try:
         result = work()
@@ -497,7 +540,21 @@ def main(argv=None) -> int:
         "--model", help="catalog spec to time (default: the largest Llama that fits)"
     )
     parser.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU, tiny shapes")
+    parser.add_argument(
+        "--sections", default="speed,chapters",
+        help="speed (the roofs, correctness, decode, batches, peers), chapters, or both",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chapters", default="", help="chapters to run, by number (e.g. 03,07; default all)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="add to this machine's newest gpu_check record in --results-dir, if there is one",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
+    if not sections or not sections <= {"speed", "chapters"}:
+        parser.error(f"--sections takes speed, chapters or both, not {args.sections!r}")
 
     if torch.cuda.is_available():
         from memwall.engine.cuda import native_half_dtype
@@ -524,8 +581,12 @@ def main(argv=None) -> int:
     new_tokens, repeats = (8, 1) if dry else (args.new_tokens, args.repeats)
     batches = (1, 2, 3) if dry else BATCHES
     prompt = [(100 + i) % speed_spec.vocab_size for i in range(32)]
-    budget = Budget(args.budget_s, None if args.no_record else args.results_dir)
-    record = {
+    earlier = newest_record(args.results_dir) if args.resume else None
+    if args.resume:  # a machine given back between calls takes its record with it
+        print(f"gpu_check: adding to {earlier}" if earlier else "gpu_check: no earlier record "
+              "of this machine; a new one", file=sys.stderr)  # fmt: skip
+    budget = Budget(args.budget_s, None if args.no_record else args.results_dir, earlier)
+    record = json.loads(earlier.read_text()) if earlier else {
         "device": device,
         "device_name": device_name,
         "torch_version": torch.__version__,
@@ -535,7 +596,46 @@ def main(argv=None) -> int:
         "prompt_tokens": len(prompt),
         "new_tokens": new_tokens,
         "repeats": repeats,
-    }
+    }  # fmt: skip
+    if "speed" in sections:
+        speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_tokens,
+                       repeats, batches)  # fmt: skip
+    if "chapters" in sections:
+        numbers = [n.strip().zfill(2) for n in args.chapters.split(",") if n.strip()]
+        known = {p.name[:2] for p in (ROOT / "chapters").glob("[0-9][0-9]_*.md")}
+        if set(numbers) - known:
+            parser.error(f"--chapters: no chapter {', '.join(sorted(set(numbers) - known))}")
+        section(record, "chapters", budget,
+                lambda: check_chapters(device, budget, record, numbers))  # fmt: skip
+    elif dry and "chapters" not in record:  # running the book on a CPU is `make book`'s work
+        record["chapters"] = {"chapters_on_cuda_ok": None, "reason": "a CPU dry run"}
+    record["summary"] = summary(record)
+    record["markdown"] = markdown(record)
+    budget.save(record)
+    print(record["markdown"])
+    where = f"record: {budget.path}" if budget.path else "no record written"
+    print(f"\n{where} ({time.perf_counter() - budget.start:.0f} s)", file=sys.stderr)
+    failed = ("speed" in sections and not record["summary"]["correctness_ok"]) or (
+        "chapters" in sections
+        and (record["summary"]["chapters_on_cuda_ok"] is False or "error" in record["chapters"])
+    )
+    return 1 if failed else 0
+
+
+def newest_record(folder: Path) -> Path | None:
+    """This machine's latest gpu_check record in `folder`, if any."""
+    from memwall.bench.records import parse_record_name
+    from memwall.machine.fingerprint import fingerprint_id, machine_fingerprint
+
+    here = fingerprint_id(machine_fingerprint())
+    named = [(parsed.date, path) for path in folder.glob("gpu_check-*.json")
+             if (parsed := parse_record_name(path.name)) and parsed.machine_id == here]  # fmt: skip
+    return max(named)[1] if named else None
+
+
+def speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_tokens, repeats,
+                   batches) -> None:  # fmt: skip
+    """Sections 1-5: the roofs, correctness, batch-1 decode, the batch sweep, the peers."""
     state = {}
     section(record, "roofs", budget, lambda: roofs(device, half, quick=dry))
     copy_gbps = record["roofs"].get("copy_bandwidth_gbps") or float("nan")
@@ -579,17 +679,6 @@ def main(argv=None) -> int:
     if "hf" in state:
         section(record, "peers", budget, peers)
     state.clear()
-    if dry:  # executing the book on a CPU is `make book`'s business, not this dry run's
-        record["chapters"] = {"chapters_on_cuda_ok": None, "reason": "a CPU dry run"}
-    else:
-        section(record, "chapters", budget, lambda: check_chapters(device, budget))
-    record["summary"] = summary(record)
-    record["markdown"] = markdown(record)
-    budget.save(record)
-    print(record["markdown"])
-    where = f"record: {budget.path}" if budget.path else "no record written"
-    print(f"\n{where} ({time.perf_counter() - budget.start:.0f} s)", file=sys.stderr)
-    return 0 if record["summary"]["correctness_ok"] else 1
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@
 # benchmarks/results/gpu_check-<machine id>-<date>.json as it goes.
 #   benchmarks/gpu_check.sh [--results-dir DIR] [--budget-s S] [--new-tokens N] [--repeats N]
 #                           [--model SPEC] [--no-record] [--allow-cpu]
+#                           [--sections speed,chapters] [--chapters NN,NN] [--resume]
 # Exits 1 at once, saying why, when there is no NVIDIA GPU (unless --allow-cpu: a dry run with
-# tiny shapes); exits 1 at the end when a correctness check failed.
+# tiny shapes); exits 1 at the end when a correctness check or a chapter failed.
+# benchmarks/gpu_kit.py carries the chapters' packages and model to a GPU machine without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Fail at once where there is plainly no NVIDIA GPU (no driver tool, no device node).
