@@ -24,6 +24,9 @@ for config in "${configs[@]}"; do
         *) echo "unknown configuration $config (default, kernels-off, one-thread, compiled)" >&2; exit 2 ;;
     esac
     echo "== $config ${settings[*]:-}"
+    # A fresh folder: the execution cache of an earlier build would reuse the outputs of every
+    # chapter whose source has not changed, and that configuration would never run them.
+    rm -rf "${out:?}/$config"
     started=$(date +%s)
     env "${settings[@]}" .venv/bin/jupyter-book build . --path-output "$out/$config" --all -W \
         --keep-going > "$out/$config.log" 2>&1

@@ -50,12 +50,12 @@ def accelerate(module: nn.Module, backend: str = "auto") -> nn.Module:
     single_layer = not hasattr(module, "blocks")
     if backend == "auto" and not single_layer:
         backend = chosen_backend()
-        if backend == "auto" and device not in ("cpu", "cuda"):
-            raise ValueError(
-                f"accelerate has speed paths for weights on cpu or cuda, not {device}; "
-                "use the readable model there"
-            )
         if backend == "auto":
+            if device not in ("cpu", "cuda"):
+                raise ValueError(
+                    f"accelerate has speed paths for weights on cpu or cuda, not {device}; "
+                    "use the readable model there"
+                )
             backend = "compiled" if device == "cuda" else "cpu"
     if backend == "compiled":
         from memwall.engine import cuda
