@@ -132,9 +132,10 @@ def prepare(kit_dir: Path, python_version: str, part_bytes: int | None) -> dict:
         for wheel in carried:
             tar.add(wheel, arcname=f"wheels/{wheel.name}")
     shutil.rmtree(wheels)
-    room = part_bytes or CALL_LIMIT - tree_bytes() - MARGIN
-    if room <= 0:
-        raise SystemExit(f"gpu_kit: the working tree leaves {room} bytes a call; nothing fits")
+    most = CALL_LIMIT - tree_bytes() - MARGIN  # what the working tree leaves a call
+    room = part_bytes or most
+    if not 0 < room <= most:
+        raise SystemExit(f"gpu_kit: parts of {room} bytes; a call has room for {most}")
     size = bundle.stat().st_size
     count = -(-size // room)
     manifest = {"bundle_sha256": sha256(bundle), "bundle_bytes": size, "parts": count,
