@@ -85,11 +85,11 @@ def test_stage_refuses_parts_that_do_not_join_into_the_kit(kit, tmp_path, monkey
 
 
 def test_parts_of_an_older_kit_are_let_go(kit, tmp_path, monkeypatch):
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: None)
     store = tmp_path / "store"
     kit.prepare(tmp_path / "old", "3.11", part_bytes=4096)
-    assert kit.stage(tmp_path / "old", store) == 0  # a whole older kit, staged
     manifest = kit.prepare(tmp_path / "new", "3.12", part_bytes=4096)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: None)  # pip install: not here
+    assert kit.stage(tmp_path / "old", store) == 0  # a whole older kit, staged
     call = tmp_path / "call"
     shutil.copytree(tmp_path / "new" / "part-1", call / "part-1")
     assert kit.stage(call, store, require_all=True) == 1  # part 2 of the new kit is missing
