@@ -16,10 +16,14 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
    GPU) as peers, batch 1, same model and prompt;
 6. every chapter executed on CUDA, only where a Jupyter stack (nbclient, jupytext, ipykernel)
    and the offline model are installed (benchmarks/gpu_kit.py carries them to a machine without
-   them); otherwise `chapters_on_cuda_ok` is null. What each chapter printed is kept.
+   them); otherwise `chapters_on_cuda_ok` is null. What each chapter printed is kept;
+7. the server's engine: the continuous-batching scheduler's decode steps on its paged cache,
+   compiled against readable (greedy tokens of a ragged stream, fp32) and timed at a few batch
+   sizes on the speed model.
 
-`--sections speed` runs 1-5, `--sections chapters` runs 6; `--resume` adds to the newest record
-of this machine, so the two can run in two calls of a device tool that limits each call's time.
+`--sections speed` runs 1-5, `--sections chapters` runs 6, `--sections server` runs 7; `--resume`
+adds to the newest record of this machine, so they can run in calls of a device tool that limits
+each call's time.
 
 Writes benchmarks/results/gpu_check-<machine id>-<date>.json (after every section, so a run cut
 short keeps what it measured; `--results-dir` to write elsewhere) and prints a markdown table.
@@ -389,6 +393,56 @@ def check_chapters(device, budget, record, numbers=(), timeout_s=300) -> dict:
     return out
 
 
+# ---- 7. the server's engine ----------------------------------------------------------------------
+
+
+def ragged_stream(vocab_size: int, count: int = 12):
+    """Requests of several prompt lengths arriving over time: joins, retirements, padded batches."""
+    from memwall.engine.scheduler import Request
+
+    g = torch.Generator().manual_seed(5)
+    stream = []
+    for i in range(count):
+        length = int(torch.randint(1, 60, (1,), generator=g))
+        prompt = torch.randint(0, vocab_size, (length,), generator=g).tolist()
+        stream.append(Request(i, prompt, int(torch.randint(4, 40, (1,), generator=g)), 2 * i))
+    return stream
+
+
+def scheduler_step_s(model, batch: int, prompt, new_tokens: int) -> float:
+    """Median seconds of the scheduler's decode steps with `batch` equal requests running; the
+    first run, untimed, compiles and records the graphs its batch and table widths need."""
+    from memwall.engine.scheduler import Request, Scheduler
+
+    blocks = batch * -(-(len(prompt) + new_tokens) // 16)
+    for _ in range(2):
+        scheduler = Scheduler(model, n_blocks=blocks, block_size=16, max_batch=batch)
+        scheduler.run([Request(i, prompt, new_tokens) for i in range(batch)])
+    # Step 0 admits and prefills; every later step decodes the whole batch (its tokens read back).
+    return statistics.median(scheduler.step_times_s[1:])
+
+
+def check_server(device, dry, speed_hf, prompt, new_tokens, batches) -> dict:
+    from memwall.engine.scheduler import Scheduler
+
+    hf = random_hf(TINY if dry else SMALL, torch.float32, device, seed=2, sharpen=4.0)
+    readable = Transformer.from_hf(hf)
+    tokens = {}
+    for name, model in (("readable", readable), ("compiled", compiled(readable))):
+        scheduler = Scheduler(model, n_blocks=64, block_size=16, max_batch=6)
+        tokens[name] = [r.tokens for r in scheduler.run(ragged_stream(hf.config.vocab_size))]
+    out = {"greedy_identical": tokens["compiled"] == tokens["readable"], "rows": []}
+    del hf, readable
+    engine = Transformer.from_hf(speed_hf)
+    fast = compiled(engine)
+    for batch in batches:
+        readable_s = scheduler_step_s(engine, batch, prompt, new_tokens)
+        compiled_s = scheduler_step_s(fast, batch, prompt, new_tokens)
+        out["rows"].append({"batch": batch, "readable_step_s": readable_s,
+                            "compiled_step_s": compiled_s, "speedup": readable_s / compiled_s})  # fmt: skip
+    return out
+
+
 # ---- the record ----------------------------------------------------------------------------------
 
 
@@ -441,6 +495,11 @@ def summary(record: dict) -> dict:
         "vs_hf_static_compiled": ratio(bf16, peers.get("hf_static", {}).get("tok_per_s")),
         "vs_hf_eager": ratio(bf16, peers.get("hf_eager", {}).get("tok_per_s")),
         "correctness_ok": record.get("correctness", {}).get("ok"),
+        "server_greedy_identical": record.get("server", {}).get("greedy_identical"),
+        "server_compiled_speedup": {
+            r["batch"]: r["speedup"] for r in record.get("server", {}).get("rows", [])
+        }
+        or None,
         "chapters_on_cuda_ok": record.get("chapters", {}).get("chapters_on_cuda_ok"),
     }
 
@@ -473,26 +532,39 @@ def markdown(record: dict) -> str:
         f"| memwall over transformers eager | {show(s['vs_hf_eager'])}x | >= 4x |",
         f"| correctness (compiled vs readable vs transformers) | {show(s['correctness_ok'])} | True |",
         f"| chapters executed on {record['device']} | {show(s['chapters_on_cuda_ok'])} | True |",
-        "",
-        "| engine, batch 1 | ms/token | tok/s | GB/step | GB/s | wall s (compile included) |",
-        "|---|---|---|---|---|---|",
+        f"| server: compiled scheduler's tokens = readable | {show(s['server_greedy_identical'])} | True |",
     ]
-    for label, r in record.get("decode", {}).items():
-        if "step_s" in r:
-            lines.append(
-                f"| {label} | {r['step_s'] * 1e3:.2f} | {r['tok_per_s']:.1f} | "
-                f"{r['bytes_per_step'] / 1e9:.2f} | {r['achieved_gbps']:.0f} | {r['wall_s']:.0f} |"
-            )
-    rows = record.get("batches", {}).get("rows", [])
-    if rows:
-        lines += ["", "| batch | ms/step | tok/s | ceiling tok/s | of ceiling | bound |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        lines += [
+    lines += table(
+        "| engine, batch 1 | ms/token | tok/s | GB/step | GB/s | wall s (compile included) |",
+        [
+            f"| {label} | {r['step_s'] * 1e3:.2f} | {r['tok_per_s']:.1f} | "
+            f"{r['bytes_per_step'] / 1e9:.2f} | {r['achieved_gbps']:.0f} | {r['wall_s']:.0f} |"
+            for label, r in record.get("decode", {}).items()
+            if "step_s" in r
+        ],
+    )
+    lines += table(
+        "| batch | ms/step | tok/s | ceiling tok/s | of ceiling | bound |",
+        [
             f"| {r['batch']} | {r['step_s'] * 1e3:.2f} | {r['tok_per_s']:.0f} | "
             f"{r['ceiling_tok_per_s']:.0f} | {r['fraction_of_ceiling']:.1%} | {r['bound']} |"
-            for r in rows
-        ]
+            for r in record.get("batches", {}).get("rows", [])
+        ],
+    )
+    lines += table(
+        "| server's engine, batch | readable ms/step | compiled ms/step | speed-up |",
+        [
+            f"| {r['batch']} | {r['readable_step_s'] * 1e3:.2f} | "
+            f"{r['compiled_step_s'] * 1e3:.2f} | {r['speedup']:.2f}x |"
+            for r in record.get("server", {}).get("rows", [])
+        ],
+    )
     return "\n".join(lines)
+
+
+def table(header: str, rows: list[str]) -> list[str]:
+    """A markdown table's lines after a blank one; none without rows."""
+    return ["", header, "|---" * (header.count("|") - 1) + "|", *rows] if rows else []
 
 
 def speed_model(device: str) -> str:
@@ -542,7 +614,8 @@ def main(argv=None) -> int:
     parser.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU, tiny shapes")
     parser.add_argument(
         "--sections", default="speed,chapters",
-        help="speed (the roofs, correctness, decode, batches, peers), chapters, or both",
+        help="comma-separated: speed (the roofs, correctness, decode, batches, peers), "
+        "chapters, server",
     )  # fmt: skip
     parser.add_argument(
         "--chapters", default="", help="chapters to run, by number (e.g. 03,07; default all)"
@@ -553,8 +626,8 @@ def main(argv=None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
-    if not sections or not sections <= {"speed", "chapters"}:
-        parser.error(f"--sections takes speed, chapters or both, not {args.sections!r}")
+    if not sections or not sections <= {"speed", "chapters", "server"}:
+        parser.error(f"--sections takes speed, chapters, server, not {args.sections!r}")
 
     if torch.cuda.is_available():
         from memwall.engine.cuda import native_half_dtype
@@ -609,15 +682,24 @@ def main(argv=None) -> int:
                 lambda: check_chapters(device, budget, record, numbers))  # fmt: skip
     elif dry and "chapters" not in record:  # running the book on a CPU is `make book`'s work
         record["chapters"] = {"chapters_on_cuda_ok": None, "reason": "a CPU dry run"}
+    if "server" in sections:
+        speed_hf = random_hf(speed_spec, DTYPES[half], device)
+        section(record, "server", budget, lambda: check_server(
+            device, dry, speed_hf, prompt, 8 if dry else 32, (1, 2) if dry else (1, 8, 64)))  # fmt: skip
+        del speed_hf
     record["summary"] = summary(record)
     record["markdown"] = markdown(record)
     budget.save(record)
     print(record["markdown"])
     where = f"record: {budget.path}" if budget.path else "no record written"
     print(f"\n{where} ({time.perf_counter() - budget.start:.0f} s)", file=sys.stderr)
-    failed = ("speed" in sections and not record["summary"]["correctness_ok"]) or (
-        "chapters" in sections
-        and (record["summary"]["chapters_on_cuda_ok"] is False or "error" in record["chapters"])
+    failed = (
+        ("speed" in sections and not record["summary"]["correctness_ok"])
+        or ("server" in sections and not record["summary"]["server_greedy_identical"])
+        or (
+            "chapters" in sections
+            and (record["summary"]["chapters_on_cuda_ok"] is False or "error" in record["chapters"])
+        )
     )
     return 1 if failed else 0
 

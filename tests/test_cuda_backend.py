@@ -1,7 +1,8 @@
 """The CUDA backend's compiled path, run on the CPU under torch.compile: it must give the readable
 engine's logits (close) and greedy tokens (identical), batched and quantized too; its int4 layout
 conversion must reproduce memwall's dequantization; `accelerate` must pick the backend from the
-weights' device; and `bench batch` must make its tensors on the model's device.
+weights' device; `bench batch` must make its tensors on the model's device; and the scheduler (the
+server's engine) must run its decode steps compiled on its paged cache, with the readable tokens.
 
 Compiling costs seconds per variant on a CPU, so one tiny model is compiled once per module and
 the variants that need another compile use models of two layers."""
@@ -16,8 +17,11 @@ from memwall.engine.accelerate import accelerate
 from memwall.engine.batch import generate_batch
 from memwall.engine.cuda import CompiledDecoder, StaticKVCache, compiled, padded_rows
 from memwall.engine.cuda.int4 import TinyGemmInt4Linear, inner_k_tiles, tinygemm_uint8
+from memwall.engine.cuda.paged import CompiledPagedCache, decode_paged
 from memwall.engine.kv_cache import KVCache
+from memwall.engine.paged_cache import PagedKVCache
 from memwall.engine.quant import Int4Linear, dequantize_int4, pack_int4, quantize, quantize_int4
+from memwall.engine.scheduler import Request, Scheduler
 from memwall.specs import ModelSpec
 
 PROMPT = [5, 17, 42, 5, 17, 99, 3, 5, 17, 61, 8]
@@ -90,7 +94,7 @@ def test_speculative_verify_passes_run_on_the_static_cache(tiny_engine, fast):
 
 def test_other_caches_go_to_the_readable_model(tiny_engine, fast):
     cache = KVCache.for_model(tiny_engine, 1, 20)
-    assert "static cache" in fast.fallback_reason(cache)
+    assert "new_cache()" in fast.fallback_reason(cache)
     tokens = torch.tensor([PROMPT])
     with torch.inference_mode():
         assert torch.equal(
@@ -122,7 +126,7 @@ def test_a_step_the_compiler_cannot_build_runs_uncompiled_and_says_why(tiny_engi
         raise NoCompiler("no Triton here")
 
     fast = compiled(tiny_engine)
-    fast._compiled_step = failing  # what a machine without a working compiler would do
+    fast._compiled = dict.fromkeys(fast._compiled, failing)  # a machine without a compiler
     with pytest.warns(RuntimeWarning, match="no Triton here"):
         tokens = generate(fast, PROMPT, 8).tokens
     assert tokens == generate(tiny_engine, PROMPT, 8).tokens
@@ -259,3 +263,68 @@ def test_bench_speculative_fast_runs_the_compiled_target(tiny_engine, monkeypatc
                                warmup=0, progress=False, fast=True)  # fmt: skip
     assert result["fast"] and result["fallback"] is None
     assert result["identical_to_plain"]
+
+
+def scheduler_stream():
+    """Ragged prompts arriving over time, enough of them for joins, retirements and a preemption
+    on a small cache: every decode step has another batch size or table width."""
+    g = torch.Generator().manual_seed(1)
+    stream = []
+    for i in range(9):
+        prompt = torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g)
+        new = int(torch.randint(2, 30, (1,), generator=g))
+        stream.append(Request(i, prompt.tolist(), new, arrival_step=2 * i))
+    return stream
+
+
+def test_the_schedulers_decode_steps_run_compiled_on_its_paged_cache(tiny_engine, fast):
+    readable = Scheduler(tiny_engine, n_blocks=20, block_size=8, max_batch=5)
+    expected = [r.tokens for r in readable.run(scheduler_stream())]
+    scheduler = Scheduler(fast, n_blocks=20, block_size=8, max_batch=5)
+    cache = scheduler.cache
+    assert isinstance(cache, CompiledPagedCache) and fast.fallback_reason(cache) is None
+    compiled_steps, step = [], fast._compiled[decode_paged]
+    fast._compiled[decode_paged] = lambda *a: compiled_steps.append(a[1].shape[0]) or step(*a)
+    try:
+        results = scheduler.run(scheduler_stream())
+    finally:
+        fast._compiled[decode_paged] = step
+    assert [r.tokens for r in results] == expected
+    assert scheduler.preemptions == readable.preemptions > 0  # a preempted request came back
+    # every decode step ran compiled, its batch padded to a captured size
+    assert compiled_steps == [padded_rows(b) for b in scheduler.batch_sizes]
+    assert set(scheduler.batch_sizes) >= {1, 3}  # a padded batch among them
+    # The blocks hold the readable run's keys and values: the padded rows wrote only the scratch
+    # block, past the ones handed out.
+    for layer in range(tiny_engine.n_layers):
+        for ours, theirs in (
+            (cache.keys, readable.cache.keys),
+            (cache.values, readable.cache.values),
+        ):
+            torch.testing.assert_close(ours[layer][:-1], theirs[layer], rtol=1e-4, atol=1e-4)
+    assert cache.nbytes == readable.cache.nbytes
+
+
+def test_the_compiled_paged_step_gives_the_readable_logits(tiny_engine, fast):
+    prompts = {"a": PROMPT, "b": PROMPT[2:9], "c": [7, 3, 250]}
+    logits = []
+    for model in (tiny_engine, fast):
+        cache = (
+            model.new_paged_cache(12, 4) if model is fast else PagedKVCache.for_model(model, 12, 4)
+        )
+        with torch.inference_mode():
+            for name, prompt in prompts.items():
+                cache.add_sequence(name)
+                positions, mask = cache.begin([name], len(prompt))
+                model(torch.tensor([prompt]), cache, positions=positions, mask=mask)
+            steps = []
+            for token in (11, 12, 13):
+                positions, mask = cache.begin(list(prompts), 1)
+                tokens = torch.full((len(prompts), 1), token)
+                steps.append(model(tokens, cache, positions=positions, mask=mask))
+        logits.append(torch.cat(steps))
+    torch.testing.assert_close(
+        logits[1], logits[0], rtol=1e-4, atol=1e-4 * logits[0].abs().max().item()
+    )
+    plain = PagedKVCache.for_model(tiny_engine, 4, 4)
+    assert "new_paged_cache()" in fast.fallback_reason(plain)

@@ -299,3 +299,26 @@ def test_per_step_records_stay_bounded(tiny_engine, monkeypatch):
         # (the last step may not have been trimmed yet when the answer arrives)
         assert scheduler.step_index >= 25 and 5 <= len(scheduler.step_times_s) <= 11
         assert len(scheduler.memory) == len(scheduler.step_times_s)
+
+
+def test_the_compiled_path_serves_the_readable_engines_text(tiny_engine):
+    """The GPU's speed path (here under torch.compile on the CPU): the server's decode steps run
+    compiled on the scheduler's paged cache, batched, and each client gets the readable text."""
+    from memwall.engine.cuda import compiled
+    from memwall.engine.cuda.paged import CompiledPagedCache
+
+    prompts = [PROMPT, "Batch", "Decode is memory-bound when a step has few rows"]
+    with tiny_server(compiled(tiny_engine)) as running:
+        assert isinstance(running.loop.scheduler.cache, CompiledPagedCache)
+        client = openai.OpenAI(base_url=base_url(running), api_key="-", max_retries=0, timeout=120)
+
+        def complete(prompt):
+            return client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=9, temperature=0
+            ).choices[0]
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            choices = list(pool.map(complete, prompts))
+    for prompt, choice in zip(prompts, choices):
+        assert choice.text == greedy_text(tiny_engine, prompt, 9)[1]
+        assert choice.finish_reason == "length"

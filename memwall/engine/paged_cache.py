@@ -42,8 +42,8 @@ class PagedKVCache:
             raise ValueError("PagedKVCache sizes must all be positive")
         self.blocks = BlockManager(n_blocks, block_size)
         shape = (n_layers, n_blocks, n_kv_heads, block_size, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        # keys[layer] is that layer's pool of blocks [n_blocks, kv_heads, block_size, head_dim]
+        self.keys, self.values = self._pools(shape, dtype, device)
         self.device = torch.device(device)
         self._batch: list = []
         self.new_tokens = 0
@@ -53,6 +53,12 @@ class PagedKVCache:
         self._positions, self._keys = None, 0  # [batch, new_tokens], the longest context
         self._given = (None, None)  # the positions and mask begin() returned
         self._write_slots = self._read_slots = None  # what update() needs, made on first use
+
+    @staticmethod
+    def _pools(shape, dtype, device):
+        """The keys' and the values' memory (the compiled GPU path lays it out its own way)."""
+        keys = torch.zeros(shape, dtype=dtype, device=device)
+        return keys, torch.zeros_like(keys)
 
     @classmethod
     def for_model(cls, model, n_blocks: int, block_size: int = 16, dtype=None, device=None):
@@ -119,7 +125,7 @@ class PagedKVCache:
         """Each (sequence, kv head, key position)'s row of a layer's pool seen as [slots,
         head_dim], through the block tables: the rows to read [batch, kv_heads, keys], and of
         them the rows this pass writes [batch, kv_heads, new_tokens]."""
-        bs, kv_heads = self.blocks.block_size, self.keys.shape[2]
+        bs, kv_heads = self.blocks.block_size, self.keys[0].shape[1]
         key_pos = torch.arange(self._keys)
         blocks = self.batch_tables[:, key_pos // bs]  # [batch, keys]
         heads = torch.arange(kv_heads)[None, :, None]

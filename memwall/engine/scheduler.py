@@ -66,7 +66,11 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         # on_token(result, token, finish_reason or None) is called for every token as it is made.
         self.on_token = on_token
-        self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
+        # A speed path may lay the blocks out its own way (the GPU's compiled step does).
+        if hasattr(model, "new_paged_cache"):
+            self.cache = model.new_paged_cache(n_blocks, block_size)
+        else:
+            self.cache = PagedKVCache.for_model(model, n_blocks, block_size)
         self.device = next(model.parameters()).device
         self.waiting: deque[Running] = deque()
         self.running: list[Running] = []

@@ -142,6 +142,11 @@ def run_serve(args):
     engine = shared_engine(hf_model)  # read into the engine: never two copies at once
     del hf_model  # the engine holds its own copy of the weights
     model = accelerate(engine) if args.fast == "on" else engine  # same weights either way
+    if hasattr(model, "new_paged_cache"):  # the compiled path: compile before serving
+        from memwall.engine.cuda.paged import warm_up
+
+        print("memwall: compiling the decode step (a minute or so)...", file=sys.stderr, flush=True)
+        warm_up(model, args.block_size)
     log_to_stderr()
     server = start_server(
         model,
@@ -158,22 +163,21 @@ def run_serve(args):
         api_key=api_key,
         allowed_origins=origins,
     )
-    # The CPU fused step runs the scheduler's decode steps on its paged cache in place. Where it
-    # cannot (the C kernels off, a bf16 model), the layers still run this machine's kernels; the
-    # GPU's compiled step takes only its static cache, so there the steps are the readable
-    # engine's. Either way, say so.
+    # The speed path runs the scheduler's decode steps on its paged cache (the CPU's fused C step
+    # in place, the GPU's compiled step as graphs). Where the C step cannot (the C kernels off, a
+    # bf16 model), the layers still run this machine's kernels: say so.
     why_not = getattr(model, "fallback_reason", None) if args.fast == "on" else None
     fallback = why_not(server.loop.scheduler.cache) if callable(why_not) else None
-    from memwall.engine.cuda import CompiledDecoder
-
-    compiled = fallback and isinstance(model, CompiledDecoder)  # so every step is readable
     if fallback:
-        what = ("the decode steps run the readable engine" if compiled else
-                "the layers run this machine's kernels, but not the fused decode step")  # fmt: skip
-        print(f"note: --fast on: {what} ({fallback})", file=sys.stderr, flush=True)
+        print(
+            "note: --fast on: the layers run this machine's kernels, but not the fused decode "
+            f"step ({fallback})",
+            file=sys.stderr,
+            flush=True,
+        )
     shown_host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
     chunk = f", prefill chunks of {args.prefill_chunk}" if args.prefill_chunk else ""
-    path = "fast path" if args.fast == "on" and not compiled else "readable engine"
+    path = "fast path" if args.fast == "on" else "readable engine"
     print(
         f"memwall serving {args.model} on {device} ({dtype}, {path}) at "
         f"http://{shown_host}:{server.server_port}/v1: batches of up to {args.max_batch}, "

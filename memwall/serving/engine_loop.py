@@ -169,7 +169,7 @@ class EngineLoop:
             # Free the KV pool now: the HTTP handler classes keep this loop reachable until the
             # garbage collector finds them, and the pool is the biggest thing a server holds.
             cache = self.scheduler.cache
-            cache.keys = cache.values = cache.keys.new_empty(0)
+            cache.keys = cache.values = None
 
     # ---- the engine thread ------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ few small files:
 - `step.py`: the forward pass over that cache with every shape fixed, so it can be traced;
 - `runner.py`: the decode step compiled with `torch.compile(mode="reduce-overhead")` and replayed
   as a CUDA graph per batch size (batches padded to the next captured size);
+- `paged.py`: the same for the server's scheduler, whose decode steps run on a paged cache
+  (block tables as tensors, a scratch block for the padded rows);
 - `int4.py`: int4 layers through PyTorch's tinygemm kernel, which reads the packed bytes. int8
   needs no twin: its readable forward (codes cast, multiplied, scaled) is a form the compiler fuses.
 

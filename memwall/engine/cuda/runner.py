@@ -8,9 +8,11 @@ their products; `compiled_step` says how) and records them as a CUDA graph, whic
 for each token at the cost of one launch. A graph has fixed shapes, so batches are padded up to the next of a few captured
 sizes (`BATCH_SIZES`, as nano-vllm does), and the cache is a `StaticKVCache`.
 
-Prefill and speculative verify passes (several new tokens) run `forward_static` eagerly: one pass
-per prompt is rarely launch-bound. Anything else the wrapper cannot take (no cache, a readable or
-paged cache) goes to the readable model unchanged; `fallback_reason(cache)` says why.
+The scheduler's one-token steps on the paged cache that `new_paged_cache` makes are compiled the
+same way (`paged.decode_paged`). Prefill and speculative verify passes (several new tokens) run
+eagerly: one pass per prompt is rarely launch-bound. Anything else the wrapper cannot take (no
+cache, the readable engine's caches) goes to the readable model unchanged; `fallback_reason(cache)`
+says why.
 
 The same code runs on a CPU under `torch.compile` (no graphs there): that is how CI tests it.
 """
@@ -25,6 +27,7 @@ import weakref
 import torch
 from torch import nn
 
+from memwall.engine.cuda.paged import CompiledPagedCache, decode_paged
 from memwall.engine.cuda.static_cache import StaticKVCache
 from memwall.engine.cuda.step import forward_static, pad_rows, widen_mask
 
@@ -40,9 +43,9 @@ def padded_rows(batch: int) -> int:
 
 
 @functools.cache
-def compiled_step(device_type: str, mode: str | None, backend: str | None):
-    """`forward_static` compiled for a device: one per process, shared by every model, so that a
-    second wrapper over the same model finds the first one's compiled code.
+def compiled_step(step, device_type: str, mode: str | None, backend: str | None):
+    """`step` (`forward_static` or `decode_paged`) compiled for a device: one per process, shared
+    by every model, so that a second wrapper over the same model finds the first one's code.
 
     On a GPU, `mode`'s options plus coordinate-descent tuning: with it the compiler writes a
     one-row product as a multiply and a sum of its own, into which it fuses the int8 layers'
@@ -52,9 +55,9 @@ def compiled_step(device_type: str, mode: str | None, backend: str | None):
     if backend is None and device_type == "cuda":
         mode_options = torch._inductor.list_mode_options(mode) if mode else {}
         options = {**mode_options, "coordinate_descent_tuning": True}
-        return torch.compile(forward_static, fullgraph=True, options=options)
+        return torch.compile(step, fullgraph=True, options=options)
     options = {"fullgraph": True, "mode": mode, **({"backend": backend} if backend else {})}
-    return torch.compile(forward_static, **options)
+    return torch.compile(step, **options)
 
 
 def _allow_recompiles(limit: int = 64) -> None:
@@ -79,7 +82,10 @@ class CompiledDecoder(nn.Module):
             # Weights keep their shapes: never let the compiler generalise them to symbolic sizes
             # because another model of other shapes was compiled before (slower kernels).
             torch._dynamo.mark_static(tensor)
-        self._compiled_step = compiled_step(device.type, mode, backend)
+        self._compiled = {
+            step: compiled_step(step, device.type, mode, backend)
+            for step in (forward_static, decode_paged)
+        }
         self.compile_mode, self.graphs = mode, device.type == "cuda" and mode == "reduce-overhead"
         self.compile_failure = None  # why the step runs uncompiled, if compiling it failed
         # Slot numbers as views into one tensor made once: a decode step then builds no tensor.
@@ -123,12 +129,16 @@ class CompiledDecoder(nn.Module):
             self._pool.pop(next(iter(self._pool)))
         return cache
 
+    def new_paged_cache(self, n_blocks: int, block_size: int = 16, dtype=None):
+        """A paged KV cache for the scheduler, whose one-token steps on it run compiled."""
+        return CompiledPagedCache.for_model(self.model, n_blocks, block_size, dtype)
+
     def fallback_reason(self, cache) -> str | None:
         """Why steps on `cache` go to the readable model; None when they run compiled."""
-        if not isinstance(cache, StaticKVCache):
+        if not isinstance(cache, (StaticKVCache, CompiledPagedCache)):
             return (
-                "the compiled path takes the static cache that this model's new_cache() makes, "
-                f"not {type(cache).__name__}"
+                "the compiled path takes the caches that this model's new_cache() and "
+                f"new_paged_cache() make, not {type(cache).__name__}"
             )
         if cache.device != self._slots.device:
             return f"the cache is on {cache.device}, the model on {self._slots.device}"
@@ -136,7 +146,14 @@ class CompiledDecoder(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens, cache=None, *, positions=None, mask=None, last_only=False):
-        if cache is None or self.fallback_reason(cache) is not None:
+        readable = cache is None or self.fallback_reason(cache) is not None
+        if not readable and isinstance(cache, CompiledPagedCache):
+            # A scheduler's decode step (its positions and mask those begin() gave) runs compiled;
+            # its prefill passes run the readable model on the same blocks.
+            if tokens.shape[1] == 1 and cache.implies(positions, mask):
+                return self._paged_step(tokens, cache)
+            readable = True
+        if readable:
             return self.model(tokens, cache, positions=positions, mask=mask, last_only=last_only)
         batch, new = tokens.shape
         if batch != cache.batch:
@@ -156,19 +173,31 @@ class CompiledDecoder(nn.Module):
         tokens = pad_rows(tokens, rows)
         arguments = (self.model, tokens, positions, slots, cache.layer_keys, cache.layer_values,
                      mask, last_only)  # fmt: skip
-        if new == 1 and self.compile_failure is None:
-            logits = self._run_compiled(arguments)
-        else:
-            logits = forward_static(*arguments)
+        logits = self._run(forward_static, arguments) if new == 1 else forward_static(*arguments)
         cache.length = end
         return logits[:batch].clone()
 
-    def _run_compiled(self, arguments):
+    def _paged_step(self, tokens, cache):
+        batch = tokens.shape[0]
+        rows = padded_rows(batch)
+        tokens, (positions, tables) = pad_rows(tokens, rows), cache.step_inputs(rows)
+        # One compile for every batch size and table width (a graph is recorded per shape).
+        for tensor, dims in ((tokens, [0]), (positions, [0]), (tables, [0, 1])):
+            torch._dynamo.maybe_mark_dynamic(tensor, dims)
+        arguments = (self.model, tokens, positions, tables, cache.keys, cache.values)
+        logits = self._run(decode_paged, arguments)
+        cache.commit()
+        return logits[:batch].clone()
+
+    def _run(self, step, arguments):
+        """`step(*arguments)` compiled (uncompiled once compiling has failed here)."""
+        if self.compile_failure is not None:
+            return step(*arguments)
         if self.graphs:
             # Each replay overwrites the last one's outputs; the logits are copied out by forward.
             torch.compiler.cudagraph_mark_step_begin()
         try:
-            return self._compiled_step(*arguments)
+            return self._compiled[step](*arguments)
         except torch._dynamo.exc.TorchDynamoException as error:
             # The compiler could not build the step here (an unsupported op, a missing Triton):
             # the same step runs uncompiled, correct and slower, and says why. Errors while
@@ -180,4 +209,4 @@ class CompiledDecoder(nn.Module):
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return forward_static(*arguments)
+            return step(*arguments)

@@ -63,25 +63,33 @@ def forward_static(
     x = model.embed(tokens)
     cos = model.rotary.cos[positions].to(x.dtype)[:, None]  # [rows, 1, T, head_dim]
     sin = model.rotary.sin[positions].to(x.dtype)[:, None]
-    for layer, block in enumerate(model.blocks):
-        kv = (keys[layer], values[layer])
-        x = x + _attention(block.attn, block.attn_norm(x), cos, sin, slots, *kv, visible)
-        x = x + block.mlp(block.mlp_norm(x))
+
+    def remember(layer, k, v):  # in place: the buffers keep their addresses
+        keys[layer].index_copy_(2, slots, k.to(keys[layer].dtype))
+        values[layer].index_copy_(2, slots, v.to(values[layer].dtype))
+        return keys[layer], values[layer]
+
+    x = layers_over_cache(model, x, cos, sin, visible, remember)
     if last_only:
         x = x[:, -1:]
     return model.lm_head(model.norm(x))
 
 
-def _attention(attn, x, cos, sin, slots, keys, values, visible):
-    rows, new, _ = x.shape
-    heads = attn.qkv(x).view(rows, new, attn.n_heads + 2 * attn.n_kv_heads, attn.head_dim)
-    heads = heads.transpose(1, 2)
-    qk, v = heads.split([attn.n_heads + attn.n_kv_heads, attn.n_kv_heads], dim=1)
-    q, k = rotate(qk, cos, sin).split([attn.n_heads, attn.n_kv_heads], dim=1)
-    keys.index_copy_(2, slots, k.to(keys.dtype))  # in place: the buffers keep their addresses
-    values.index_copy_(2, slots, v.to(values.dtype))
-    y = attend_slots(q, keys.to(q.dtype), values.to(q.dtype), visible)
-    return attn.out(y.transpose(1, 2).reshape(rows, new, attn.n_heads * attn.head_dim))
+def layers_over_cache(model, x, cos, sin, visible, remember):
+    """The model's blocks over hidden states x [rows, T, d_model]; `remember(layer, k, v)` writes
+    a layer's new keys and values [rows, kv_heads, T, head_dim] into the cache and returns the
+    keys and values that attention reads, slot for slot as `visible` [rows or 1, 1, T, slots]."""
+    for layer, block in enumerate(model.blocks):
+        attn, h = block.attn, block.attn_norm(x)
+        rows, new, _ = h.shape
+        heads = attn.qkv(h).view(rows, new, attn.n_heads + 2 * attn.n_kv_heads, attn.head_dim)
+        qk, v = heads.transpose(1, 2).split([attn.n_heads + attn.n_kv_heads, attn.n_kv_heads], 1)
+        q, k = rotate(qk, cos, sin).split([attn.n_heads, attn.n_kv_heads], dim=1)
+        keys, values = remember(layer, k, v)
+        y = attend_slots(q, keys.to(q.dtype), values.to(q.dtype), visible)
+        x = x + attn.out(y.transpose(1, 2).reshape(rows, new, attn.n_heads * attn.head_dim))
+        x = x + block.mlp(block.mlp_norm(x))
+    return x
 
 
 def pad_rows(t: torch.Tensor, rows: int, value=0) -> torch.Tensor:
