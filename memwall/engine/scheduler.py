@@ -138,6 +138,8 @@ class Scheduler:
         finished = self._decode()
         self._admit()
         finished += self._prefill()
+        if self.device.type == "cuda":  # a prefill that gave no token has not been waited for
+            torch.cuda.synchronize(self.device)
         self.step_times_s.append(time.perf_counter() - start)
         self.memory.append(self.cache.blocks.memory_use())
         self.reserved_if_contiguous.append(
