@@ -70,8 +70,9 @@ def bench_decode(
         and `tok_per_s_over_first`, each format's tokens/s over the first one's.
     memwall_model: an engine already built from `model` (e.g. `shared_engine(model)`), timed
         instead of a fresh copy, so a notebook does not hold the weights twice.
-    fast: "on" times memwall's fast batch-1 decode path (`memwall.engine.cpu.fast_decode`, on a
-        CPU) instead of the readable engine; "both" times the two side by side ("...-fast" labels).
+    fast: "on" times memwall's speed path for the device (`accelerate`: the fused C step on a
+        CPU, the compiled step replayed as CUDA graphs on a GPU) instead of the readable engine;
+        "both" times the two side by side ("...-fast" labels).
     """
     if fast not in FAST_CHOICES:
         raise ValueError(f"Unknown fast {fast!r}; choose from {', '.join(FAST_CHOICES)}.")
