@@ -25,6 +25,10 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
 adds to the newest record of this machine, so they can run in calls of a device tool that limits
 each call's time.
 
+Every section keeps the CUDA graph warnings it raised (a graph skipped, or recorded again for
+each new size or address): torch then runs the step launch by launch, correct and slow, and says
+so only in a log line; `cudagraph_warnings` in the summary counts them (0 expected).
+
 Writes benchmarks/results/gpu_check-<machine id>-<date>.json (after every section, so a run cut
 short keeps what it measured; `--results-dir` to write elsewhere) and prints a markdown table.
 `--allow-cpu` is a dry run with tiny shapes, to prove the script end to end without a GPU (with
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
@@ -342,7 +347,8 @@ def check_chapters(device, budget, record, numbers=(), timeout_s=300) -> dict:
 
     # A chapter run again (`--chapters`, `--resume`) replaces its earlier result only.
     earlier = record.get("chapters", {})
-    out = {key: dict(earlier.get(key, {})) for key in ("chapters", "seconds", "printed")}
+    kept = ("chapters", "seconds", "printed", "cudagraph_warnings_by_chapter")
+    out = {key: dict(earlier.get(key, {})) for key in kept}
     out["chapters_on_cuda_ok"] = earlier.get("chapters_on_cuda_ok")
     missing = [
         m for m in ("nbclient", "jupytext", "ipykernel") if importlib.util.find_spec(m) is None
@@ -385,6 +391,10 @@ def check_chapters(device, budget, record, numbers=(), timeout_s=300) -> dict:
             out["chapters"][path.name] = f"{type(error).__name__}: {str(error)[-400:]}"
         out["seconds"][path.name] = time.perf_counter() - started
         out["printed"][path.name] = printed(notebook)
+        # the kernel's CUDA graph warnings, which reach its stderr (see GraphWarnings)
+        lines = [line for text in out["printed"][path.name] for line in text.splitlines()]
+        warned = [line for line in lines if "[__cudagraphs]" in line]
+        out["cudagraph_warnings_by_chapter"][path.name] = warned
         budget.save(record)
     # True only when every chapter ran cleanly; False when one failed; None while some have not run
     results = [out["chapters"].get(path.name, "not run") for path in paths]
@@ -482,6 +492,9 @@ def summary(record: dict) -> dict:
     bf16 = tok_per_s("compiled")
     b64 = next((r for r in record.get("batches", {}).get("rows", []) if r["batch"] == 64), None)
     peers = record.get("peers", {})
+    parts = [part for part in record.values() if isinstance(part, dict)]
+    graph_warnings = [part.get("cudagraph_warnings", []) for part in parts]
+    graph_warnings += record.get("chapters", {}).get("cudagraph_warnings_by_chapter", {}).values()
     return {
         "device_name": record.get("device_name"),
         "copy_bandwidth_gbps": record.get("roofs", {}).get("copy_bandwidth_gbps"),
@@ -501,6 +514,7 @@ def summary(record: dict) -> dict:
         }
         or None,
         "chapters_on_cuda_ok": record.get("chapters", {}).get("chapters_on_cuda_ok"),
+        "cudagraph_warnings": sum(map(len, graph_warnings)),
     }
 
 
@@ -533,6 +547,7 @@ def markdown(record: dict) -> str:
         f"| correctness (compiled vs readable vs transformers) | {show(s['correctness_ok'])} | True |",
         f"| chapters executed on {record['device']} | {show(s['chapters_on_cuda_ok'])} | True |",
         f"| server: compiled scheduler's tokens = readable | {show(s['server_greedy_identical'])} | True |",
+        f"| CUDA graph warnings (graphs skipped or recorded again) | {s['cudagraph_warnings']} | 0 |",
     ]
     lines += table(
         "| engine, batch 1 | ms/token | tok/s | GB/step | GB/s | wall s (compile included) |",
@@ -579,15 +594,33 @@ def speed_model(device: str) -> str:
     return SPEED_MODELS[-1][0]
 
 
+class GraphWarnings(logging.Handler):
+    """The warnings of torch's CUDA graph trees, as they arrive."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+        from torch._inductor.cudagraph_utils import cudagraphs_log
+
+        cudagraphs_log.addHandler(self)
+
+    def emit(self, log_record) -> None:
+        self.messages.append(log_record.getMessage().splitlines()[0])
+
+
+GRAPH_WARNINGS = GraphWarnings()
+
+
 def section(record: dict, name: str, budget: Budget, work) -> None:
-    """Run one section: its result under `name`, or the error that stopped it."""
+    """Run one section: its result under `name`, or the error that stopped it, and the CUDA graph
+    warnings raised while it ran."""
     if budget.spent():
         record[name] = {"skipped": "time budget spent"}
         return
     print(f"gpu_check: {name}...", file=sys.stderr, flush=True)
-    for stale in ("error", "traceback"):  # from an earlier call's try (`--resume`)
+    for stale in ("error", "traceback", "cudagraph_warnings"):  # an earlier call's (`--resume`)
         record.get(name, {}).pop(stale, None)
-    started = time.perf_counter()
+    started, warned = time.perf_counter(), len(GRAPH_WARNINGS.messages)
     try:
         result = work()
         if result is not None:
@@ -597,6 +630,8 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
         record[name]["error"] = f"{type(error).__name__}: {error}"
         record[name]["traceback"] = traceback.format_exc()[-3000:]
         print(record[name]["traceback"], file=sys.stderr)
+    if warnings := GRAPH_WARNINGS.messages[warned:]:
+        record.setdefault(name, {})["cudagraph_warnings"] = warnings
     record.setdefault("section_seconds", {})[name] = time.perf_counter() - started
     budget.save(record)
 

@@ -18,6 +18,7 @@ from memwall.engine.batch import generate_batch
 from memwall.engine.cuda import CompiledDecoder, StaticKVCache, compiled, padded_rows
 from memwall.engine.cuda.int4 import TinyGemmInt4Linear, inner_k_tiles, tinygemm_uint8
 from memwall.engine.cuda.paged import CompiledPagedCache, decode_paged
+from memwall.engine.cuda.step import forward_static
 from memwall.engine.kv_cache import KVCache
 from memwall.engine.paged_cache import PagedKVCache
 from memwall.engine.quant import Int4Linear, dequantize_int4, pack_int4, quantize, quantize_int4
@@ -328,3 +329,53 @@ def test_the_compiled_paged_step_gives_the_readable_logits(tiny_engine, fast):
     )
     plain = PagedKVCache.for_model(tiny_engine, 4, 4)
     assert "new_paged_cache()" in fast.fallback_reason(plain)
+
+
+def graph_facts(step, *arguments):
+    """`step(*arguments)` traced by the compiler as `torch.compile` would trace it, with a
+    backend that only records what CUDA graph trees check before they record a graph (they skip
+    the graph, and the step runs launch by launch, when it writes an input that is not static or
+    holds a tensor on another device): -> (the inputs it writes, the inputs marked static, the
+    devices of every value in the graph)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    facts = {}
+
+    def record(graph, example_inputs):
+        meta = torch._guards.TracingContext.get().fw_metadata
+        facts["written"] = {i for i, info in enumerate(meta.input_info) if info.mutates_data}
+        facts["static"] = set(meta.static_input_indices)
+        facts["devices"] = {
+            node.meta["val"].device
+            for node in graph.graph.nodes
+            if isinstance(node.meta.get("val"), torch.Tensor)
+        }
+        return make_boxed_func(graph.forward)
+
+    torch._dynamo.reset()  # the same step compiled elsewhere in this process is traced afresh
+    with torch.inference_mode():
+        torch.compile(step, backend=aot_autograd(fw_compiler=record), fullgraph=True)(*arguments)
+    return facts["written"], facts["static"], facts["devices"]
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_the_compiled_steps_meet_the_conditions_of_cuda_graphs(weights):
+    # On the meta device (shapes, no data) a tensor made without the model's device shows up as
+    # a CPU tensor, which would make the GPU skip the graph.
+    meta = torch.device("meta")
+    model = two_layer_engine()
+    model = (quantize(model, weights) if weights != "fp32" else model).to(meta)
+    tokens = torch.zeros(2, 1, dtype=torch.long, device=meta)
+    positions = torch.zeros(2, dtype=torch.long, device=meta)
+    static = StaticKVCache(2, 2, 16, 2, 16, torch.float32, meta)
+    slots = torch.arange(16, device=meta)[5:6]
+    paged = CompiledPagedCache.for_model(model, 8, 4)
+    tables = torch.zeros(2, 2, dtype=torch.long, device=meta)
+    static_step = (tokens, None, slots, static.layer_keys, static.layer_values, None, False)
+    paged_step = (tokens, positions, tables, paged.keys, paged.values)
+    for step, arguments in ((forward_static, static_step), (decode_paged, paged_step)):
+        written, marked_static, devices = graph_facts(step, model, *arguments)
+        assert len(written) == 2 * model.n_layers  # each layer's keys and values, in place
+        assert written <= marked_static, f"{step.__name__} writes inputs a graph cannot keep"
+        assert devices == {meta}, f"{step.__name__} makes tensors on {devices - {meta}}"
