@@ -5,8 +5,9 @@ Python; for a model that fits in one GPU the launches take longer than the kerne
 overhead-bound regime). `torch.compile(mode="reduce-overhead", fullgraph=True)` traces
 `step.forward_static` into a few fused kernels (the quantized layers' dequantization fused into
 their products; `compiled_step` says how) and records them as a CUDA graph, which the GPU replays
-for each token at the cost of one launch. A graph has fixed shapes, so batches are padded up to the next of a few captured
-sizes (`BATCH_SIZES`, as nano-vllm does), and the cache is a `StaticKVCache`.
+for each token at the cost of one launch. A graph has fixed shapes, so batches are padded up to
+the next of a few captured sizes (`BATCH_SIZES`, as nano-vllm does), and the cache is a
+`StaticKVCache`.
 
 The scheduler's one-token steps on the paged cache that `new_paged_cache` makes are compiled the
 same way (`paged.decode_paged`). Prefill and speculative verify passes (several new tokens) run
@@ -60,12 +61,17 @@ def compiled_step(step, device_type: str, mode: str | None, backend: str | None)
     return torch.compile(step, **options)
 
 
-def _allow_recompiles(limit: int = 64) -> None:
+def _allow_many_shapes(limit: int = 64) -> None:
     """Each (model, mask or none) pair is one compiled variant; dynamo's default limit of 8 per
-    function would silently fall back to eager after a few models in one process."""
+    function would silently fall back to eager after a few models in one process. And a graph is
+    recorded for each padded batch and cache size, by design: torch's warning past 8 of them
+    (printed into a chapter's output) is silenced."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), limit))
+    graphs = torch._inductor.config.triton
+    if hasattr(graphs, "cudagraph_dynamic_shape_warn_limit"):
+        graphs.cudagraph_dynamic_shape_warn_limit = None
 
 
 class CompiledDecoder(nn.Module):
@@ -77,7 +83,7 @@ class CompiledDecoder(nn.Module):
         device = next(model.parameters()).device
         # CUDA graphs exist only on CUDA; elsewhere the plain compiled code is what there is.
         mode = mode if device.type == "cuda" else None
-        _allow_recompiles()
+        _allow_many_shapes()
         for tensor in (*model.parameters(), *model.buffers()):
             # Weights keep their shapes: never let the compiler generalise them to symbolic sizes
             # because another model of other shapes was compiled before (slower kernels).
