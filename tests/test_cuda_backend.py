@@ -331,6 +331,23 @@ def test_the_compiled_paged_step_gives_the_readable_logits(tiny_engine, fast):
     assert "new_paged_cache()" in fast.fallback_reason(plain)
 
 
+def test_caches_at_new_addresses_reuse_the_compiled_steps():
+    # A graph is recorded again on a new cache, which is cheap; compiling again is not (seconds on
+    # a CPU, a minute for a large model on a GPU), and a few dozen caches would exhaust dynamo's
+    # recompile limit.
+    compiles = []
+    fast = CompiledDecoder(two_layer_engine(), backend=lambda graph, inputs: compiles.append(1)
+                           or graph.forward)  # fmt: skip
+    for prompt in (PROMPT, PROMPT[:4], PROMPT[5:]):  # three static caches, three lengths
+        generate(fast, prompt, 4)
+    assert len(compiles) == 1
+    schedulers = []  # kept alive, so that every cache lies at new addresses
+    for batch in (1, 2, 3):
+        schedulers.append(Scheduler(fast, n_blocks=8 + batch, block_size=4, max_batch=batch))
+        schedulers[-1].run([Request(i, PROMPT[:3], 6) for i in range(batch)])
+    assert len(compiles) == 1 + 2  # the paged step: one row apart (specialised), then the rest
+
+
 def graph_facts(step, *arguments):
     """`step(*arguments)` traced by the compiler as `torch.compile` would trace it, with a
     backend that only records what CUDA graph trees check before they record a graph (they skip

@@ -35,7 +35,7 @@ class CompiledPagedCache(PagedKVCache):
         for _ in range(2 * n_layers):
             pool = torch.zeros(n_blocks + 1, *block, dtype=dtype, device=device)  # + scratch
             # Fixed addresses a graph may write in place, as the static cache's buffers are.
-            torch._dynamo.mark_static_address(pool)
+            torch._dynamo.mark_static_address(pool, guard=False)
             torch._dynamo.maybe_mark_dynamic(pool, 0)  # caches of other sizes share one compile
             pools.append(pool)
         return pools[:n_layers], pools[n_layers:]

@@ -61,8 +61,9 @@ class StaticKVCache:
             # Their addresses are part of a captured graph: marked so that the compiler treats
             # them as fixed buffers it may write in place (like a module's parameters), not as
             # fresh inputs to copy in. A cache at new addresses makes the graph be recorded
-            # again, which is cheap; it is not compiled again.
-            torch._dynamo.mark_static_address(buffer)
+            # again, which is cheap; it is not compiled again (no guard on the address: older
+            # torch guards by default, and then compiles the step again for every new cache).
+            torch._dynamo.mark_static_address(buffer, guard=False)
             # Caches of other lengths reuse the compiled step (one compile, not one per request).
             torch._dynamo.maybe_mark_dynamic(buffer, 2)
         return keys, values
