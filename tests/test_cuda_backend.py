@@ -134,6 +134,23 @@ def test_a_step_the_compiler_cannot_build_runs_uncompiled_and_says_why(tiny_engi
     assert "no Triton here" in fast.compile_failure
 
 
+def test_a_step_past_the_recompile_limit_runs_uncompiled_and_says_why():
+    # A long process (a notebook, a benchmark) compiles a variant per model, mask and batch
+    # shape; past dynamo's limit a fullgraph compile raises instead of running eagerly.
+    model = two_layer_engine()
+    fast = CompiledDecoder(model, backend="eager")
+    torch._dynamo.reset()
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch(**{name: 1}):
+        assert generate(fast, PROMPT, 4).tokens == generate(model, PROMPT, 4).tokens  # compiled
+        prompts = [PROMPT, PROMPT[4:]]  # ragged: a step with a mask, another variant
+        with pytest.warns(RuntimeWarning, match="failed to build"):
+            tokens = generate_batch(fast, prompts, 6).tokens
+    assert tokens == generate_batch(model, prompts, 6).tokens
+    assert fast.compile_failure is not None
+
+
 def test_bad_calls_are_refused_clearly(fast):
     cache = fast.new_cache(batch=1, max_tokens=4)
     with torch.inference_mode(), pytest.raises(ValueError, match="KV cache is full"):

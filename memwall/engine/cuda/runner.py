@@ -34,6 +34,12 @@ from memwall.engine.cuda.step import forward_static, pad_rows, widen_mask
 
 # Batch sizes with a graph of their own; a batch in between runs padded to the next one up.
 BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))
+# Why a step may fail to compile: dynamo's own errors, and (torch >= 2.7) the recompile limit hit
+# by a fullgraph compile, which is a plain Exception.
+COMPILE_ERRORS = (
+    torch._dynamo.exc.TorchDynamoException,
+    getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", torch._dynamo.exc.TorchDynamoException),
+)
 POOLED_SHAPES = 4  # cache shapes whose buffers are kept for reuse once their cache is dropped
 
 
@@ -204,10 +210,11 @@ class CompiledDecoder(nn.Module):
             torch.compiler.cudagraph_mark_step_begin()
         try:
             return self._compiled[step](*arguments)
-        except torch._dynamo.exc.TorchDynamoException as error:
-            # The compiler could not build the step here (an unsupported op, a missing Triton):
-            # the same step runs uncompiled, correct and slower, and says why. Errors while
-            # running (out of memory, say) are not caught: they are the caller's to see.
+        except COMPILE_ERRORS as error:
+            # The compiler could not build the step here (an unsupported op, a missing Triton,
+            # more variants than dynamo's limit): the same step runs uncompiled, correct and
+            # slower, and says why. Errors while running (out of memory, say) are not caught:
+            # they are the caller's to see.
             self.compile_failure = f"{type(error).__name__}: {str(error).splitlines()[0]}"
             warnings.warn(
                 f"memwall: the compiled decode step failed to build ({self.compile_failure}); "
