@@ -51,7 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # memwall from this checkout, installed or not
 
-from memwall.engine import Transformer, generate  # noqa: E402
+from memwall.engine import Transformer, decode_step, generate, prefill  # noqa: E402
 from memwall.engine.accelerate import accelerate  # noqa: E402
 from memwall.engine.cuda import TinyGemmInt4Linear  # noqa: E402
 from memwall.engine.quant import quantize  # noqa: E402
@@ -219,6 +219,43 @@ def bytes_per_step(model, cache_tokens: int) -> int:
     return model.weight_bytes_per_step() + cache_tokens * kv_per_token
 
 
+def launches_per_step(run_steps, steps: int) -> dict | None:
+    """CUDA runtime calls per decode step while `run_steps()` runs `steps` of them, from torch's
+    profiler: a step replayed as a CUDA graph launches the graph and few kernels of its own, one
+    that lost its graph launches hundreds (torch may drop a graph without a word: a positive
+    check). None off a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        run_steps()
+        torch.cuda.synchronize()
+    names = [event.name for event in profiler.events()]
+    return {
+        "graph_launches": sum(name == "cudaGraphLaunch" for name in names) / steps,
+        "kernel_launches": sum("LaunchKernel" in name for name in names) / steps,
+    }
+
+
+def decode_launches(model, prompt, steps: int = 4) -> dict | None:
+    """`launches_per_step` of batch-1 decode steps on a cache of the model's own, after two
+    untimed steps (the graph is recorded on a new cache's first steps)."""
+    device = next(model.parameters()).device
+    cache = model.new_cache(batch=1, max_tokens=len(prompt) + steps + 3)
+    with torch.inference_mode():
+        token = prefill(model, torch.tensor([prompt], device=device), cache).argmax(-1)
+        for _ in range(2):
+            token = decode_step(model, token, cache).argmax(-1)
+
+        def run_steps():
+            nonlocal token
+            for _ in range(steps):
+                token = decode_step(model, token, cache).argmax(-1)
+
+        return launches_per_step(run_steps, steps)
+
+
 def check_decode(engine, fast, record, prompt, new_tokens, repeats, copy_gbps, budget) -> None:
     """Fills record["decode"]: readable eager `engine`, its compiled wrapper `fast`, and int8 and
     int4 compiled copies, at batch 1."""
@@ -239,6 +276,7 @@ def check_decode(engine, fast, record, prompt, new_tokens, repeats, copy_gbps, b
             achieved_gbps=step_bytes / timing["step_s"] / 1e9,
             fraction_of_copy_bandwidth=step_bytes / timing["step_s"] / 1e9 / copy_gbps,
             wall_s=time.perf_counter() - started,  # compile and graph recording included
+            launches_per_step=decode_launches(model, prompt),
         )
         results[label] = timing
         budget.save(record)
@@ -432,6 +470,16 @@ def scheduler_step_s(model, batch: int, prompt, new_tokens: int) -> float:
     return statistics.median(scheduler.step_times_s[1:])
 
 
+def scheduler_launches(model, batch: int, prompt, new_tokens: int) -> dict | None:
+    """`launches_per_step` of a scheduler's decode steps (its prefill step, eager, counted in)."""
+    from memwall.engine.scheduler import Request, Scheduler
+
+    scheduler = Scheduler(model, n_blocks=batch * -(-(len(prompt) + new_tokens) // 16),
+                          block_size=16, max_batch=batch)  # fmt: skip
+    requests = [Request(i, prompt, new_tokens) for i in range(batch)]
+    return launches_per_step(lambda: scheduler.run(requests), new_tokens - 1)
+
+
 def check_server(device, dry, speed_hf, prompt, new_tokens, batches) -> dict:
     from memwall.engine.scheduler import Scheduler
 
@@ -450,6 +498,7 @@ def check_server(device, dry, speed_hf, prompt, new_tokens, batches) -> dict:
         compiled_s = scheduler_step_s(fast, batch, prompt, new_tokens)
         out["rows"].append({"batch": batch, "readable_step_s": readable_s,
                             "compiled_step_s": compiled_s, "speedup": readable_s / compiled_s})  # fmt: skip
+    out["compiled_launches_per_step"] = scheduler_launches(fast, batches[-1], prompt, new_tokens)
     return out
 
 
@@ -492,6 +541,10 @@ def summary(record: dict) -> dict:
     bf16 = tok_per_s("compiled")
     b64 = next((r for r in record.get("batches", {}).get("rows", []) if r["batch"] == 64), None)
     peers = record.get("peers", {})
+
+    def replays_graph(launches):  # most steps (a new cache's first step records its graph)
+        return None if not launches else launches["graph_launches"] >= 0.5
+
     parts = [part for part in record.values() if isinstance(part, dict)]
     graph_warnings = [w for part in parts for w in part.get("cudagraph_warnings", [])]
     by_chapter = record.get("chapters", {}).get("cudagraph_warnings_by_chapter", {})
@@ -516,6 +569,12 @@ def summary(record: dict) -> dict:
         or None,
         "chapters_on_cuda_ok": record.get("chapters", {}).get("chapters_on_cuda_ok"),
         "cudagraph_skips": sum("skipping cudagraph" in w for w in graph_warnings),
+        "compiled_step_replays_graph": replays_graph(
+            record.get("decode", {}).get("compiled", {}).get("launches_per_step")
+        ),
+        "server_step_replays_graph": replays_graph(
+            record.get("server", {}).get("compiled_launches_per_step")
+        ),
     }
 
 
@@ -549,6 +608,8 @@ def markdown(record: dict) -> str:
         f"| chapters executed on {record['device']} | {show(s['chapters_on_cuda_ok'])} | True |",
         f"| server: compiled scheduler's tokens = readable | {show(s['server_greedy_identical'])} | True |",
         f"| CUDA graphs skipped (steps run launch by launch) | {s['cudagraph_skips']} | 0 |",
+        f"| compiled decode step replays a CUDA graph | {show(s['compiled_step_replays_graph'])} | True |",
+        f"| server's compiled step replays a CUDA graph | {show(s['server_step_replays_graph'])} | True |",
     ]
     lines += table(
         "| engine, batch 1 | ms/token | tok/s | GB/step | GB/s | wall s (compile included) |",
@@ -596,14 +657,17 @@ def speed_model(device: str) -> str:
 
 
 class GraphWarnings(logging.Handler):
-    """The warnings of torch's CUDA graph trees, as they arrive."""
+    """The warnings of torch's CUDA graph trees, as they arrive (on the loggers this torch has:
+    older ones send them to the performance hints)."""
 
     def __init__(self):
         super().__init__(logging.WARNING)
         self.messages = []
-        from torch._inductor.cudagraph_utils import cudagraphs_log
+        from torch._inductor import cudagraph_utils
 
-        cudagraphs_log.addHandler(self)
+        for name in ("cudagraphs_log", "perf_hint_log"):
+            if isinstance(log := getattr(cudagraph_utils, name, None), logging.Logger):
+                log.addHandler(self)
 
     def emit(self, log_record) -> None:
         self.messages.append(log_record.getMessage().splitlines()[0])
