@@ -393,13 +393,13 @@ def graph_facts(step, *arguments):
     return facts["written"], facts["static"], facts["devices"]
 
 
-@pytest.mark.parametrize("weights", ["fp32", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
 def test_the_compiled_steps_meet_the_conditions_of_cuda_graphs(weights):
     # On the meta device (shapes, no data) a tensor made without the model's device shows up as
     # a CPU tensor, which would make the GPU skip the graph.
     meta = torch.device("meta")
-    model = two_layer_engine()
-    model = (quantize(model, weights) if weights != "fp32" else model).to(meta)
+    model = two_layer_engine(dtype=torch.bfloat16 if weights == "bf16" else torch.float32)
+    model = (quantize(model, weights) if weights == "int8" else model).to(meta)
     tokens = torch.zeros(2, 1, dtype=torch.long, device=meta)
     positions = torch.zeros(2, dtype=torch.long, device=meta)
     static = StaticKVCache(2, 2, 16, 2, 16, torch.float32, meta)
