@@ -457,27 +457,29 @@ def ragged_stream(vocab_size: int, count: int = 12):
     return stream
 
 
-def scheduler_step_s(model, batch: int, prompt, new_tokens: int) -> float:
-    """Median seconds of the scheduler's decode steps with `batch` equal requests running; the
-    first run, untimed, compiles and records the graphs its batch and table widths need."""
+def equal_requests(model, batch: int, prompt, new_tokens: int):
+    """A scheduler with room for `batch` equal requests, and a function that runs them."""
     from memwall.engine.scheduler import Request, Scheduler
 
     blocks = batch * -(-(len(prompt) + new_tokens) // 16)
+    scheduler = Scheduler(model, n_blocks=blocks, block_size=16, max_batch=batch)
+    return scheduler, lambda: scheduler.run([Request(i, prompt, new_tokens) for i in range(batch)])
+
+
+def scheduler_step_s(model, batch: int, prompt, new_tokens: int) -> float:
+    """Median seconds of the scheduler's decode steps with `batch` equal requests running; the
+    first run, untimed, compiles and records the graphs its batch and table widths need."""
     for _ in range(2):
-        scheduler = Scheduler(model, n_blocks=blocks, block_size=16, max_batch=batch)
-        scheduler.run([Request(i, prompt, new_tokens) for i in range(batch)])
+        scheduler, run = equal_requests(model, batch, prompt, new_tokens)
+        run()
     # Step 0 admits and prefills; every later step decodes the whole batch (its tokens read back).
     return statistics.median(scheduler.step_times_s[1:])
 
 
 def scheduler_launches(model, batch: int, prompt, new_tokens: int) -> dict | None:
     """`launches_per_step` of a scheduler's decode steps (its prefill step, eager, counted in)."""
-    from memwall.engine.scheduler import Request, Scheduler
-
-    scheduler = Scheduler(model, n_blocks=batch * -(-(len(prompt) + new_tokens) // 16),
-                          block_size=16, max_batch=batch)  # fmt: skip
-    requests = [Request(i, prompt, new_tokens) for i in range(batch)]
-    return launches_per_step(lambda: scheduler.run(requests), new_tokens - 1)
+    _, run = equal_requests(model, batch, prompt, new_tokens)
+    return launches_per_step(run, new_tokens - 1)
 
 
 def check_server(device, dry, speed_hf, prompt, new_tokens, batches) -> dict:
