@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from memwall import models
-from memwall.engine import Transformer, decode_step, generate, prefill
+from memwall.engine import Transformer, decode_step, generate, layers, prefill
 from memwall.engine.accelerate import accelerate
 from memwall.engine.batch import generate_batch
 from memwall.engine.cuda import CompiledDecoder, StaticKVCache, compiled, padded_rows
@@ -91,6 +91,29 @@ def test_speculative_verify_passes_run_on_the_static_cache(tiny_engine, fast):
 
     plain = generate(tiny_engine, PROMPT, 24).tokens
     assert speculative_generate(fast, PromptLookupDraft(2), PROMPT, 24, k=3).tokens == plain
+
+
+def test_a_pass_of_several_tokens_reads_only_the_slots_written(tiny_engine, fast, monkeypatch):
+    # A prefill into a cache with room for far more tokens: attention must see the prompt's
+    # slots, not the whole capacity (a [T, capacity] score matrix per head would be the cost).
+    from memwall.engine.cuda import step
+
+    slots_seen = []
+
+    def attend(q, k, v, mask=None):
+        slots_seen.append((q.shape[2], k.shape[2], None if mask is None else mask.shape[-1]))
+        return layers.attend(q, k, v, mask)
+
+    monkeypatch.setattr(step, "attend", attend)
+    cache = fast.new_cache(batch=1, max_tokens=100)
+    with torch.inference_mode():
+        ours = prefill(fast, torch.tensor([PROMPT]), cache)
+        ref = prefill(tiny_engine, torch.tensor([PROMPT]), tiny_engine.new_cache(1, 100))
+    n = len(PROMPT)
+    assert slots_seen == [(n, n, n)] * tiny_engine.n_layers
+    assert (ours - ref).abs().max() < 1e-5 * ref.abs().max()
+    assert cache.length == n and not cache.layer_keys[0][:, :, n:].any()  # written in place
+    assert cache.layer_keys[0][:, :, :n].abs().sum() > 0
 
 
 def test_other_caches_go_to_the_readable_model(tiny_engine, fast):

@@ -11,9 +11,9 @@ the next of a few captured sizes (`BATCH_SIZES`, as nano-vllm does), and the cac
 
 The scheduler's one-token steps on the paged cache that `new_paged_cache` makes are compiled the
 same way (`paged.decode_paged`). Prefill and speculative verify passes (several new tokens) run
-eagerly: one pass per prompt is rarely launch-bound. Anything else the wrapper cannot take (no
-cache, the readable engine's caches) goes to the readable model unchanged; `fallback_reason(cache)`
-says why.
+eagerly, over the slots written so far: one pass per prompt is rarely launch-bound. Anything else
+the wrapper cannot take (no cache, the readable engine's caches) goes to the readable model
+unchanged; `fallback_reason(cache)` says why.
 
 The same code runs on a CPU under `torch.compile` (no graphs there): that is how CI tests it.
 """
@@ -178,13 +178,20 @@ class CompiledDecoder(nn.Module):
                 "(max_tokens) or use a shorter prompt."
             )
         rows, slots = cache.rows, self._slots[start:end]
+        keys, values, span = cache.layer_keys, cache.layer_values, cache.max_tokens
+        if new > 1:
+            # A decode step reads every slot (the buffers themselves, one shape for its graph);
+            # an eager pass of several tokens reads only the slots written so far, through views
+            # that it writes in place. Its attention is then the readable engine's prefill (a
+            # fused kernel that holds no [T, slots] scores per head on a GPU).
+            span = end
+            keys, values = ([kv[:, :, :end] for kv in kvs] for kvs in (keys, values))
         if positions is not None:
             positions = pad_rows(positions.reshape(-1, new).expand(batch, new), rows).contiguous()
         if mask is not None:
-            mask = widen_mask(mask.to(torch.bool), batch, rows, new, cache.max_tokens)
+            mask = widen_mask(mask.to(torch.bool), batch, rows, new, span)
         tokens = pad_rows(tokens, rows)
-        arguments = (self.model, tokens, positions, slots, cache.layer_keys, cache.layer_values,
-                     mask, last_only)  # fmt: skip
+        arguments = (self.model, tokens, positions, slots, keys, values, mask, last_only)
         logits = self._run(forward_static, arguments) if new == 1 else forward_static(*arguments)
         cache.length = end
         return logits[:batch].clone()

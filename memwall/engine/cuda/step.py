@@ -4,8 +4,9 @@ The same arithmetic as the readable `Transformer.forward` (and the readable laye
 and weights: norms, linears, rotary tables), rearranged so that nothing depends on a Python
 number that changes from step to step: the cache slots to write and the positions to rotate by
 arrive as tensors, the new keys and values are written in place with `index_copy_`, and attention
-covers all of the cache's slots under a mask. A compiler can then trace one decode step once and a
-CUDA graph can replay it for every later token (gpt-fast's recipe); `runner.py` does both.
+(the readable engine's own `attend`) covers all of the slots it is given under a mask. A compiler
+can then trace one decode step once and a CUDA graph can replay it for every later token
+(gpt-fast's recipe); `runner.py` does both.
 """
 
 from __future__ import annotations
@@ -13,26 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memwall.engine.layers import rotate
-
-
-def attend_slots(q, keys, values, visible):
-    """Grouped-query attention of T new queries over every cache slot.
-
-    q [rows, heads, T, d]; keys, values [rows, kv_heads, slots, d]; visible [rows or 1, 1, T,
-    slots] bool. The query heads that share a KV head are stacked into one matrix, so each key and
-    value head is read once and never copied per query head (the readable decode path does the
-    same for one query).
-    """
-    rows, heads, tokens, head_dim = q.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads
-    q = q.reshape(rows, kv_heads, group * tokens, head_dim)
-    scores = (q @ keys.transpose(-1, -2)) * head_dim**-0.5  # [rows, kv_heads, group*T, slots]
-    scores = scores.view(rows, kv_heads, group, tokens, -1)
-    scores = scores.masked_fill(~visible[:, :, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).view(rows, kv_heads, group * tokens, -1)
-    return (weights @ values).view(rows, heads, tokens, head_dim)
+from memwall.engine.layers import attend, rotate
 
 
 def forward_static(
@@ -86,7 +68,7 @@ def layers_over_cache(model, x, cos, sin, visible, remember):
         qk, v = heads.transpose(1, 2).split([attn.n_heads + attn.n_kv_heads, attn.n_kv_heads], 1)
         q, k = rotate(qk, cos, sin).split([attn.n_heads, attn.n_kv_heads], dim=1)
         keys, values = remember(layer, k, v)
-        y = attend_slots(q, keys.to(q.dtype), values.to(q.dtype), visible)
+        y = attend(q, keys.to(q.dtype), values.to(q.dtype), visible)
         x = x + attn.out(y.transpose(1, 2).reshape(rows, new, attn.n_heads * attn.head_dim))
         x = x + block.mlp(block.mlp_norm(x))
     return x
