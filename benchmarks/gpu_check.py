@@ -23,7 +23,8 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
 
 `--sections speed` runs 1-5, `--sections chapters` runs 6, `--sections server` runs 7; `--resume`
 adds to the newest record of this machine, so they can run in calls of a device tool that limits
-each call's time.
+each call's time. What that record measured is kept (each section, decode label, batch size,
+peer and chapter that finished), so a call cut short is finished by the next one, not repeated.
 
 Every section keeps the CUDA graph warnings it raised; `cudagraph_skips` in the summary counts
 those of a graph skipped (0 expected): torch then runs that step launch by launch, correct and
@@ -256,9 +257,10 @@ def decode_launches(model, prompt, steps: int = 4) -> dict | None:
         return launches_per_step(run_steps, steps)
 
 
-def check_decode(engine, fast, record, prompt, new_tokens, repeats, copy_gbps, budget) -> None:
-    """Fills record["decode"]: readable eager `engine`, its compiled wrapper `fast`, and int8 and
-    int4 compiled copies, at batch 1."""
+def check_decode(models, record, prompt, new_tokens, repeats, copy_gbps, budget) -> None:
+    """Fills record["decode"]: the readable eager engine, its compiled wrapper, and int8 and int4
+    compiled copies, at batch 1 (`models()` gives the engine and the wrapper). A label an earlier
+    call measured (`--resume`) is kept."""
     results = record.setdefault("decode", {})
     cache_tokens = len(prompt) + new_tokens
 
@@ -281,29 +283,43 @@ def check_decode(engine, fast, record, prompt, new_tokens, repeats, copy_gbps, b
         results[label] = timing
         budget.save(record)
 
-    run("readable_eager", engine, tokens=min(new_tokens, 16), runs=1)  # launch-bound: a few tokens
-    run("compiled", fast)
+    if not measured(results.get("readable_eager")):  # launch-bound: a few tokens are enough
+        run("readable_eager", models()["engine"], tokens=min(new_tokens, 16), runs=1)
+    if not measured(results.get("compiled")):
+        run("compiled", models()["fast"])
     for fmt in ("int8", "int4"):
-        if budget.spent():
-            results[f"compiled_{fmt}"] = {"skipped": "time budget spent"}
+        label = f"compiled_{fmt}"
+        if measured(results.get(label)):
             continue
-        quantized = quantize(engine, fmt, group_size=128, inplace=False)
-        run(f"compiled_{fmt}", compiled(quantized))
+        if budget.spent():
+            results[label] = {"skipped": "time budget spent"}
+            continue
+        quantized = quantize(models()["engine"], fmt, group_size=128, inplace=False)
+        run(label, compiled(quantized))
         del quantized
 
 
 # ---- 4. batch 1..256 -----------------------------------------------------------------------------
 
 
-def check_batches(fast, spec, dtype, batches, context, new_tokens, roof, record, budget) -> None:
+def check_batches(models, spec, dtype, batches, context, new_tokens, roof, record, budget) -> None:
+    """Fills record["batches"]: the compiled model (`models()["fast"]`) at each batch size, next
+    to the cost model's ceiling. The batch sizes an earlier call measured (`--resume`) are kept."""
     from memwall import cost
     from memwall.bench.batch import time_decode_steps
 
     rows = record.setdefault("batches", {"context": context, "new_tokens": new_tokens, "rows": []})
+    rows.pop("skipped_from_batch", None)
+    done = {row["batch"] for row in rows["rows"]}
     for batch in batches:
+        if batch in done:
+            continue
+        if "out_of_memory_at_batch" in rows:
+            break
         if budget.spent():
             rows["skipped_from_batch"] = batch
             break
+        fast = models()["fast"]
         try:
             time_decode_steps(fast, batch, context, new_tokens, seed=batch)  # records the graph
             step_s = statistics.median(
@@ -682,11 +698,13 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
     """Run one section: its result under `name`, or the error that stopped it, and the CUDA graph
     warnings raised while it ran."""
     if budget.spent():
-        record[name] = {"skipped": "time budget spent"}
+        record.setdefault(name, {"skipped": "time budget spent"})  # an earlier call's kept
         return
     print(f"gpu_check: {name}...", file=sys.stderr, flush=True)
-    for stale in ("error", "traceback", "cudagraph_warnings"):  # an earlier call's (`--resume`)
+    for stale in ("error", "traceback", "cudagraph_warnings", "skipped"):  # an earlier call's
         record.get(name, {}).pop(stale, None)
+    if record.get(name) == {}:
+        del record[name]
     started, warned = time.perf_counter(), len(GRAPH_WARNINGS.messages)
     try:
         result = work()
@@ -784,7 +802,7 @@ def main(argv=None) -> int:
                 lambda: check_chapters(device, budget, record, numbers))  # fmt: skip
     elif dry and "chapters" not in record:  # running the book on a CPU is `make book`'s work
         record["chapters"] = {"chapters_on_cuda_ok": None, "reason": "a CPU dry run"}
-    if "server" in sections:
+    if "server" in sections and not measured(record.get("server")):
         speed_hf = random_hf(speed_spec, DTYPES[half], device)
         section(record, "server", budget, lambda: check_server(
             device, dry, speed_hf, prompt, 8 if dry else 32, (1, 2) if dry else (1, 8, 64)))  # fmt: skip
@@ -819,50 +837,58 @@ def newest_record(folder: Path) -> Path | None:
 
 def speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_tokens, repeats,
                    batches) -> None:  # fmt: skip
-    """Sections 1-5: the roofs, correctness, batch-1 decode, the batch sweep, the peers."""
+    """Sections 1-5: the roofs, correctness, batch-1 decode, the batch sweep, the peers. What an
+    earlier call on this machine measured (`--resume`) is kept: a call cut short by its time
+    limit is finished by the next, not started again."""
     state = {}
-    section(record, "roofs", budget, lambda: roofs(device, half, quick=dry))
-    copy_gbps = record["roofs"].get("copy_bandwidth_gbps") or float("nan")
-    section(record, "correctness", budget,
-            lambda: check_correctness(TINY if dry else SMALL, device, half, 6 if dry else 24))  # fmt: skip
 
-    def decode():
-        state["hf"] = random_hf(speed_spec, DTYPES[half], device)
-        state["engine"] = Transformer.from_hf(state["hf"])
-        state["fast"] = compiled(state["engine"])  # the batch sweep goes on with its graphs
-        check_decode(state["engine"], state["fast"], record, prompt, new_tokens, repeats,
-                     copy_gbps, budget)  # fmt: skip
+    def speed_hf():  # the speed model, made once, when a label needs it
+        if "hf" not in state:
+            state["hf"] = random_hf(speed_spec, DTYPES[half], device)
+        return state["hf"]
 
-    section(record, "decode", budget, decode)
+    def models():
+        if "engine" not in state:
+            state["engine"] = Transformer.from_hf(speed_hf())
+            state["fast"] = compiled(state["engine"])  # the batch sweep goes on with its graphs
+        return state
 
-    def batch_sweep():
-        check_batches(
-            state["fast"],
-            speed_spec,
-            half,
-            batches,
-            32,
-            16 if not dry else 4,
-            record["roofs"],
-            record,
-            budget,
-        )
-
-    if "fast" in state:
-        section(record, "batches", budget, batch_sweep)
+    if not measured(record.get("roofs")):
+        section(record, "roofs", budget, lambda: roofs(device, half, quick=dry))
+    roof = record["roofs"]
+    if not measured(record.get("correctness")):
+        section(record, "correctness", budget,
+                lambda: check_correctness(TINY if dry else SMALL, device, half, 6 if dry else 24))  # fmt: skip
+    copy_gbps = roof.get("copy_bandwidth_gbps") or float("nan")
+    section(record, "decode", budget, lambda: check_decode(
+        models, record, prompt, new_tokens, repeats, copy_gbps, budget))  # fmt: skip
+    if measured(roof):  # the ceiling needs the roofs
+        section(record, "batches", budget, lambda: check_batches(
+            models, speed_spec, half, batches, 32, 16 if not dry else 4, roof, record, budget))  # fmt: skip
 
     def peers():
+        out = record.get("peers", {})
         state.pop("engine", None)  # the peers' turn: the engine's copy is let go first
         state.pop("fast", None)
-        out = {"hf_eager": hf_timing(state["hf"], prompt, min(new_tokens, 32), 1, static=False)}
-        record["peers"] = out
-        budget.save(record)
-        out["hf_static"] = hf_timing(state["hf"], prompt, new_tokens, repeats, static=True)
+        for label, tokens, runs, static in (("hf_eager", min(new_tokens, 32), 1, False),
+                                            ("hf_static", new_tokens, repeats, True)):  # fmt: skip
+            if measured(out.get(label)):
+                continue
+            if budget.spent():
+                out[label] = {"skipped": "time budget spent"}
+                continue
+            out[label] = hf_timing(speed_hf(), prompt, tokens, runs, static=static)
+            record["peers"] = out
+            budget.save(record)
         return out
 
-    if "hf" in state:
-        section(record, "peers", budget, peers)
+    section(record, "peers", budget, peers)
     state.clear()
+
+
+def measured(part) -> bool:
+    """Whether a section's or a label's result is a measurement: there, not failed, not skipped."""
+    return bool(part) and not {"error", "skipped"} & part.keys()
 
 
 if __name__ == "__main__":

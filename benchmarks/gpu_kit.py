@@ -180,8 +180,11 @@ def plan(manifest: dict, kit_dir: Path) -> str:
             command += (f" && PYTHONPATH={STORE / 'site'} timeout {timeout} {check} --sections "
                         f"chapters --resume --budget-s {budget}; {back}")  # fmt: skip
         lines.append(f'  call {index}: carry ["{relative}/part-{index}"]  command: {command}')
-    lines.append("  chapters left over: the last call's command again, without carry, adding "
-                 "--chapters NN,NN")  # fmt: skip
+    timeout, budget = SPEED_CALL
+    lines.append(f"  then, while device time is left, what call 1 left over: carry nothing, command: "
+                 f"timeout {timeout} {check} --sections speed,server --resume --budget-s {budget}; "
+                 f"{back} (what the record holds is kept); chapters left over: the last call's "
+                 "command again, without carry (those that ran cleanly are kept)")  # fmt: skip
     return "\n".join(lines)
 
 

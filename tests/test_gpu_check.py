@@ -58,3 +58,48 @@ def test_a_cuda_graph_warning_reaches_the_record(gpu_check):
         "W1207 cudagraph_utils.py:510] [__cudagraphs] CUDAGraph supports dynamic shapes by ...",
     ]}}  # fmt: skip
     assert gpu_check.summary(record)["cudagraph_skips"] == 2  # the section's and a chapter's
+
+
+def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(gpu_check, tmp_path):
+    # A call cut short by its time limit: roofs, correctness and part of decode and the batches
+    # measured (marked values, which a second measurement would replace), the peers not started.
+    from memwall.bench.records import save_record
+
+    earlier = {
+        "device": "cpu", "device_name": "cpu (dry run)", "dtype": "bf16", "speed_model": "tiny",
+        "roofs": {"copy_bandwidth_gbps": 1234.0, "matmul_tflops": 5.0},
+        "correctness": {"ok": True},
+        "decode": {label: {"tok_per_s": 777.0} for label in ("readable_eager", "compiled")}
+        | {"compiled_int8": {"tok_per_s": 888.0}, "compiled_int4": {"skipped": "time budget spent"}},
+        "batches": {"context": 32, "new_tokens": 4, "skipped_from_batch": 2,
+                    "rows": [{"batch": 1, "step_s": 9.0, "tok_per_s": 0.11, "ceiling_tok_per_s": 1.0,
+                              "fraction_of_ceiling": 0.11, "bound": "memory"}]},
+        "peers": {"skipped": "time budget spent"},
+    }  # fmt: skip
+    save_record(earlier, "gpu_check", tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(tmp_path), "--resume"]
+        assert gpu_check.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    [path] = tmp_path.glob("gpu_check-*.json")
+    record = json.loads(path.read_text())
+    assert record["roofs"]["copy_bandwidth_gbps"] == 1234.0 and record["correctness"] == {
+        "ok": True
+    }
+    assert record["decode"]["compiled"]["tok_per_s"] == 777.0
+    assert record["decode"]["compiled_int8"]["tok_per_s"] == 888.0
+    assert record["decode"]["compiled_int4"]["tok_per_s"] > 0  # the skipped label, measured now
+    assert [row["batch"] for row in record["batches"]["rows"]] == [1, 2, 3]
+    assert record["batches"]["rows"][0]["step_s"] == 9.0
+    assert "skipped_from_batch" not in record["batches"]
+    assert "skipped" not in record["peers"]
+    assert all(record["peers"][label]["tok_per_s"] > 0 for label in ("hf_eager", "hf_static"))
+    assert record["summary"]["int8_speedup_over_bf16"] == 888.0 / 777.0
+
+    # Out of time at once: nothing measured is lost to a "skipped" mark.
+    assert gpu_check.main([*args, "--budget-s", "0"]) == 0
+    again = json.loads(path.read_text())
+    for part in ("roofs", "correctness", "decode", "batches", "peers"):
+        assert again[part] == record[part]

@@ -54,6 +54,7 @@ def test_the_kit_leaves_the_images_packages_and_fits_each_part_in_its_call(kit, 
     plan = kit.plan(manifest, tmp_path / "kit")
     assert plan.count('carry ["') == manifest["parts"]
     assert plan.count("stage --require-all") == 1 and "--sections chapters --resume" in plan
+    assert "--sections speed,server --resume" in plan  # what the first call left, finished
 
 
 def test_stage_waits_for_every_part_then_installs_the_checked_whole(kit, tmp_path, monkeypatch):
