@@ -282,6 +282,7 @@ def check_decode(models, record, prompt, new_tokens, repeats, copy_gbps, budget)
         )
         results[label] = timing
         budget.save(record)
+        budget.note(f"decode {label}: {timing['tok_per_s']:.1f} tok/s, {timing['wall_s']:.0f} s")
 
     if not measured(results.get("readable_eager")):  # launch-bound: a few tokens are enough
         run("readable_eager", models()["engine"], tokens=min(new_tokens, 16), runs=1)
@@ -345,6 +346,7 @@ def check_batches(models, spec, dtype, batches, context, new_tokens, roof, recor
             }
         )  # fmt: skip
         budget.save(record)
+        budget.note(f"batch {batch}: {batch / step_s:.0f} tok/s")
 
 
 # ---- 5. transformers as the peer -----------------------------------------------------------------
@@ -433,7 +435,7 @@ def check_chapters(device, budget, record, numbers=(), timeout_s=300) -> dict:
         if budget.spent():
             out["chapters"].setdefault(path.name, "skipped: time budget spent")
             continue
-        print(f"gpu_check: chapter {path.name}...", file=sys.stderr, flush=True)
+        budget.note(f"chapter {path.name}...")
         notebook = jupytext.read(path)
         client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
@@ -532,6 +534,12 @@ class Budget:
 
     def spent(self) -> bool:
         return time.perf_counter() - self.start > self.seconds
+
+    def note(self, text: str) -> None:
+        """A progress line with the seconds since the start: a call cut short by its time limit
+        shows how far it got and what each step cost (to size the next call)."""
+        print(f"gpu_check [{time.perf_counter() - self.start:.0f} s]: {text}", file=sys.stderr,
+              flush=True)  # fmt: skip
 
     def save(self, record: dict) -> None:
         if self.results_dir is None:
@@ -700,7 +708,7 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
     if budget.spent():
         record.setdefault(name, {"skipped": "time budget spent"})  # an earlier call's kept
         return
-    print(f"gpu_check: {name}...", file=sys.stderr, flush=True)
+    budget.note(f"{name}...")
     for stale in ("error", "traceback", "cudagraph_warnings", "skipped"):  # an earlier call's
         record.get(name, {}).pop(stale, None)
     if record.get(name) == {}:
@@ -880,6 +888,7 @@ def speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_to
             out[label] = hf_timing(speed_hf(), prompt, tokens, runs, static=static)
             record["peers"] = out
             budget.save(record)
+            budget.note(f"peer {label}: {out[label]['tok_per_s']:.1f} tok/s")
         return out
 
     section(record, "peers", budget, peers)

@@ -25,14 +25,16 @@ def gpu_check():
     return module
 
 
-def test_the_dry_run_writes_every_key_and_checks_what_it_times(gpu_check, tmp_path):
+@pytest.fixture
+def dry_run(gpu_check):
+    """gpu_check.main, whose dry run takes one core: the thread count restored after the test."""
     threads = torch.get_num_threads()
-    try:
-        status = gpu_check.main(
-            ["--allow-cpu", "--sections", "speed,server", "--results-dir", str(tmp_path)]
-        )
-    finally:
-        torch.set_num_threads(threads)  # the dry run takes one core
+    yield gpu_check.main
+    torch.set_num_threads(threads)
+
+
+def test_the_dry_run_writes_every_key_and_checks_what_it_times(dry_run, tmp_path):
+    status = dry_run(["--allow-cpu", "--sections", "speed,server", "--results-dir", str(tmp_path)])
     [path] = tmp_path.glob("gpu_check-*.json")
     record = json.loads(path.read_text())
     summary = record["summary"]
@@ -60,7 +62,7 @@ def test_a_cuda_graph_warning_reaches_the_record(gpu_check):
     assert gpu_check.summary(record)["cudagraph_skips"] == 2  # the section's and a chapter's
 
 
-def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(gpu_check, tmp_path):
+def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(dry_run, tmp_path):
     # A call cut short by its time limit: roofs, correctness and part of decode and the batches
     # measured (marked values, which a second measurement would replace), the peers not started.
     from memwall.bench.records import save_record
@@ -77,12 +79,8 @@ def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(gpu_ch
         "peers": {"skipped": "time budget spent"},
     }  # fmt: skip
     save_record(earlier, "gpu_check", tmp_path)
-    threads = torch.get_num_threads()
-    try:
-        args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(tmp_path), "--resume"]
-        assert gpu_check.main(args) == 0
-    finally:
-        torch.set_num_threads(threads)
+    args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(tmp_path), "--resume"]
+    assert dry_run(args) == 0
     [path] = tmp_path.glob("gpu_check-*.json")
     record = json.loads(path.read_text())
     assert record["roofs"]["copy_bandwidth_gbps"] == 1234.0 and record["correctness"] == {
@@ -99,7 +97,7 @@ def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(gpu_ch
     assert record["summary"]["int8_speedup_over_bf16"] == 888.0 / 777.0
 
     # Out of time at once: nothing measured is lost to a "skipped" mark.
-    assert gpu_check.main([*args, "--budget-s", "0"]) == 0
+    assert dry_run([*args, "--budget-s", "0"]) == 0
     again = json.loads(path.read_text())
     for part in ("roofs", "correctness", "decode", "batches", "peers"):
         assert again[part] == record[part]

@@ -6,8 +6,9 @@ that must be captured once and replayed many times cannot slice a growing prefix
 the readable layout per layer ([rows, kv_heads, max_tokens, head_dim]) but the step that uses it
 writes the new keys and values at slots given as a tensor (`index_copy_`) and attends over all
 max_tokens slots, with a mask that hides the ones not written yet (gpt-fast's approach). The price
-is that attention reads the whole capacity every step, so the cache is sized to the request
-(prompt + new tokens), never to the model's full context.
+is that attention reads the whole capacity every decode step (a prefill, run eagerly, reads only
+the slots written), so the cache is sized to the request (prompt + new tokens), never to the
+model's full context.
 
 `rows` is the batch the compiled step runs: a batch is padded up to the next size that has a
 captured graph (as nano-vllm does), and the padded rows compute on and are thrown away.
