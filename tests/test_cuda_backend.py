@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from memwall import models
-from memwall.engine import Transformer, decode_step, generate, layers, prefill
+from memwall.engine import Transformer, decode_step, generate, prefill
 from memwall.engine.accelerate import accelerate
 from memwall.engine.batch import generate_batch
 from memwall.engine.cuda import CompiledDecoder, StaticKVCache, compiled, padded_rows
@@ -98,13 +98,13 @@ def test_a_pass_of_several_tokens_reads_only_the_slots_written(tiny_engine, fast
     # slots, not the whole capacity (a [T, capacity] score matrix per head would be the cost).
     from memwall.engine.cuda import step
 
-    slots_seen = []
+    slots_seen, attend_many = [], step.attend_many
 
-    def attend(q, k, v, mask=None):
-        slots_seen.append((q.shape[2], k.shape[2], None if mask is None else mask.shape[-1]))
-        return layers.attend(q, k, v, mask)
+    def spy(q, k, v, mask):
+        slots_seen.append((q.shape[2], k.shape[2], mask.shape[-1]))
+        return attend_many(q, k, v, mask)
 
-    monkeypatch.setattr(step, "attend", attend)
+    monkeypatch.setattr(step, "attend_many", spy)
     cache = fast.new_cache(batch=1, max_tokens=100)
     with torch.inference_mode():
         ours = prefill(fast, torch.tensor([PROMPT]), cache)

@@ -182,10 +182,10 @@ class CompiledDecoder(nn.Module):
         if new > 1:
             # A decode step reads every slot (the buffers themselves, one shape for its graph);
             # an eager pass of several tokens reads only the slots written so far, through views
-            # that it writes in place. Its attention is then the readable engine's prefill (a
-            # fused kernel that holds no [T, slots] scores per head on a GPU).
+            # that it writes in place.
             span = end
-            keys, values = ([kv[:, :, :end] for kv in kvs] for kvs in (keys, values))
+            keys = [k[:, :, :end] for k in keys]
+            values = [v[:, :, :end] for v in values]
         if positions is not None:
             positions = pad_rows(positions.reshape(-1, new).expand(batch, new), rows).contiguous()
         if mask is not None:

@@ -4,9 +4,9 @@ The same arithmetic as the readable `Transformer.forward` (and the readable laye
 and weights: norms, linears, rotary tables), rearranged so that nothing depends on a Python
 number that changes from step to step: the cache slots to write and the positions to rotate by
 arrive as tensors, the new keys and values are written in place with `index_copy_`, and attention
-(the readable engine's own `attend`) covers all of the slots it is given under a mask. A compiler
-can then trace one decode step once and a CUDA graph can replay it for every later token
-(gpt-fast's recipe); `runner.py` does both.
+covers all of the slots it is given under a mask (a decode step through the readable engine's own
+`attend`). A compiler can then trace one decode step once and a CUDA graph can replay it for every
+later token (gpt-fast's recipe); `runner.py` does both.
 """
 
 from __future__ import annotations
@@ -15,6 +15,19 @@ import torch
 import torch.nn.functional as F
 
 from memwall.engine.layers import attend, rotate
+
+
+def attend_many(q, keys, values, visible):
+    """Attention of several new queries (a prefill, a verify pass) q [rows, heads, T, d] over
+    keys, values [rows, kv_heads, slots, d] where `visible` [rows or 1, 1, T, slots] allows.
+
+    The key and value heads are repeated up to the query heads first: PyTorch's fused attention
+    kernels take a mask only when the heads match, and given grouped heads and a mask it falls
+    back to its unfused kernel, which holds a [T, slots] score matrix per head (gigabytes for a
+    long prompt). The repeated copies hold [slots, d] per head."""
+    group = q.shape[1] // keys.shape[1]
+    keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
 
 
 def forward_static(
@@ -68,7 +81,8 @@ def layers_over_cache(model, x, cos, sin, visible, remember):
         qk, v = heads.transpose(1, 2).split([attn.n_heads + attn.n_kv_heads, attn.n_kv_heads], 1)
         q, k = rotate(qk, cos, sin).split([attn.n_heads, attn.n_kv_heads], dim=1)
         keys, values = remember(layer, k, v)
-        y = attend(q, keys.to(q.dtype), values.to(q.dtype), visible)
+        attention = attend if new == 1 else attend_many
+        y = attention(q, keys.to(q.dtype), values.to(q.dtype), visible)
         x = x + attn.out(y.transpose(1, 2).reshape(rows, new, attn.n_heads * attn.head_dim))
         x = x + block.mlp(block.mlp_norm(x))
     return x
