@@ -289,10 +289,13 @@ def check_decode(models, record, prompt, new_tokens, repeats, copy_gbps, budget)
     results = record.setdefault("decode", {})
     cache_tokens = len(prompt) + new_tokens
 
-    def run(label, model, tokens=new_tokens, runs=repeats):
+    def run(label, make_model, tokens=new_tokens, runs=repeats):
+        if measured(results.get(label)):
+            return
         if budget.spent():
             results[label] = {"skipped": "time budget spent"}
             return
+        model = make_model()
         started = time.perf_counter()
         timing = decode_timing(model, prompt, tokens, runs)
         step_bytes = bytes_per_step(model, cache_tokens)
@@ -309,20 +312,12 @@ def check_decode(models, record, prompt, new_tokens, repeats, copy_gbps, budget)
         budget.save(record)
         budget.note(f"decode {label}: {timing['tok_per_s']:.1f} tok/s, {timing['wall_s']:.0f} s")
 
-    if not measured(results.get("readable_eager")):  # launch-bound: a few tokens are enough
-        run("readable_eager", models()["engine"], tokens=min(new_tokens, 16), runs=1)
-    if not measured(results.get("compiled")):
-        run("compiled", models()["fast"])
-    for fmt in ("int8", "int4"):
-        label = f"compiled_{fmt}"
-        if measured(results.get(label)):
-            continue
-        if budget.spent():
-            results[label] = {"skipped": "time budget spent"}
-            continue
-        quantized = quantize(models()["engine"], fmt, group_size=128, inplace=False)
-        run(label, compiled(quantized))
-        del quantized
+    # launch-bound: a few tokens are enough
+    run("readable_eager", lambda: models()["engine"], tokens=min(new_tokens, 16), runs=1)
+    run("compiled", lambda: models()["fast"])
+    for fmt in ("int8", "int4"):  # each copy let go once timed
+        run(f"compiled_{fmt}", lambda fmt=fmt: compiled(
+            quantize(models()["engine"], fmt, group_size=128, inplace=False)))  # fmt: skip
 
 
 # ---- 4. batch 1..256 -----------------------------------------------------------------------------
@@ -731,12 +726,14 @@ GRAPH_WARNINGS = GraphWarnings()
 
 def section(record: dict, name: str, budget: Budget, work) -> None:
     """Run one section: its result under `name`, or the error that stopped it, and the CUDA graph
-    warnings raised while it ran."""
+    warnings raised while it ran (added to an earlier call's: the results they concern are
+    kept)."""
     if budget.spent():
         record.setdefault(name, {"skipped": "time budget spent"})  # an earlier call's kept
         return
     budget.note(f"{name}...")
-    for stale in ("error", "traceback", "cudagraph_warnings", "skipped"):  # an earlier call's
+    earlier_warnings = record.get(name, {}).pop("cudagraph_warnings", [])
+    for stale in ("error", "traceback", "skipped"):  # an earlier call's
         record.get(name, {}).pop(stale, None)
     if record.get(name) == {}:
         del record[name]
@@ -750,9 +747,10 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
         record[name]["error"] = f"{type(error).__name__}: {error}"
         record[name]["traceback"] = traceback.format_exc()[-3000:]
         print(record[name]["traceback"], file=sys.stderr)
-    if warnings := GRAPH_WARNINGS.messages[warned:]:
+    if warnings := earlier_warnings + GRAPH_WARNINGS.messages[warned:]:
         record.setdefault(name, {})["cudagraph_warnings"] = warnings
-    record.setdefault("section_seconds", {})[name] = time.perf_counter() - started
+    seconds = record.setdefault("section_seconds", {})
+    seconds[name] = seconds.get(name, 0) + time.perf_counter() - started  # all calls together
     budget.save(record)
 
 
@@ -810,11 +808,7 @@ def main(argv=None) -> int:
     batches = (1, 2, 3) if dry else BATCHES
     prompt = [(100 + i) % speed_spec.vocab_size for i in range(32)]
     earlier = newest_record(args.results_dir) if args.resume else None
-    if args.resume:  # a machine given back between calls takes its record with it
-        print(f"gpu_check: adding to {earlier}" if earlier else "gpu_check: no earlier record "
-              "of this machine; a new one", file=sys.stderr)  # fmt: skip
-    budget = Budget(args.budget_s, None if args.no_record else args.results_dir, earlier)
-    record = json.loads(earlier.read_text()) if earlier else {
+    setting = {
         "device": device,
         "device_name": device_name,
         "torch_version": torch.__version__,
@@ -825,6 +819,17 @@ def main(argv=None) -> int:
         "new_tokens": new_tokens,
         "repeats": repeats,
     }  # fmt: skip
+    record = json.loads(earlier.read_text()) if earlier else setting
+    if differ := [f"{key} {record[key]} there, {value} here" for key, value in setting.items()
+                  if key in record and record[key] != value]:  # fmt: skip
+        print(f"gpu_check: {earlier} was measured otherwise ({'; '.join(differ)}): its numbers "
+              "and this run's would not compare; run without --resume, or as it ran",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.resume:  # a machine given back between calls takes its record with it
+        print(f"gpu_check: adding to {earlier}" if earlier else "gpu_check: no earlier record "
+              "of this machine; a new one", file=sys.stderr)  # fmt: skip
+    budget = Budget(args.budget_s, None if args.no_record else args.results_dir, earlier)
     if "speed" in sections:
         speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_tokens,
                        repeats, batches)  # fmt: skip

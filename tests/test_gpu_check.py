@@ -64,15 +64,19 @@ def test_a_cuda_graph_warning_reaches_the_record(gpu_check):
 
 def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(dry_run, tmp_path):
     # A call cut short by its time limit: roofs, correctness and part of decode and the batches
-    # measured (marked values, which a second measurement would replace), the peers not started.
+    # measured (marked values, which a second measurement would replace), a graph skipped while
+    # decode ran, the peers not started.
     from memwall.bench.records import save_record
+
+    skipped_graph = "skipping cudagraphs due to mutated inputs (2 instances)"
 
     earlier = {
         "device": "cpu", "device_name": "cpu (dry run)", "dtype": "bf16", "speed_model": "tiny",
         "roofs": {"copy_bandwidth_gbps": 1234.0, "matmul_tflops": 5.0},
         "correctness": {"ok": True},
         "decode": {label: {"tok_per_s": 777.0} for label in ("readable_eager", "compiled")}
-        | {"compiled_int8": {"tok_per_s": 888.0}, "compiled_int4": {"skipped": "time budget spent"}},
+        | {"compiled_int8": {"tok_per_s": 888.0}, "compiled_int4": {"skipped": "time budget spent"},
+           "cudagraph_warnings": [skipped_graph]},
         "batches": {"context": 32, "new_tokens": 4, "skipped_from_batch": 2,
                     "rows": [{"batch": 1, "step_s": 9.0, "tok_per_s": 0.11, "ceiling_tok_per_s": 1.0,
                               "fraction_of_ceiling": 0.11, "bound": "memory"}]},
@@ -95,9 +99,20 @@ def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(dry_ru
     assert "skipped" not in record["peers"]
     assert all(record["peers"][label]["tok_per_s"] > 0 for label in ("hf_eager", "hf_static"))
     assert record["summary"]["int8_speedup_over_bf16"] == 888.0 / 777.0
+    assert record["decode"]["cudagraph_warnings"] == [skipped_graph]  # it concerns kept results
+    assert record["summary"]["cudagraph_skips"] == 1
 
     # Out of time at once: nothing measured is lost to a "skipped" mark.
     assert dry_run([*args, "--budget-s", "0"]) == 0
     again = json.loads(path.read_text())
     for part in ("roofs", "correctness", "decode", "batches", "peers"):
         assert again[part] == record[part]
+
+
+def test_resume_refuses_a_record_measured_otherwise(dry_run, tmp_path):
+    from memwall.bench.records import save_record
+
+    path = save_record({"device": "cpu", "speed_model": "llama-3-8b"}, "gpu_check", tmp_path)
+    before = path.read_text()
+    args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(tmp_path), "--resume"]
+    assert dry_run(args) == 2 and path.read_text() == before  # tiny here: nothing mixed in
