@@ -21,10 +21,10 @@ def attend_many(q, keys, values, visible):
     """Attention of several new queries (a prefill, a verify pass) q [rows, heads, T, d] over
     keys, values [rows, kv_heads, slots, d] where `visible` [rows or 1, 1, T, slots] allows.
 
-    The key and value heads are repeated up to the query heads first: PyTorch's fused attention
-    kernels take a mask only when the heads match, and given grouped heads and a mask it falls
-    back to its unfused kernel, which holds a [T, slots] score matrix per head (gigabytes for a
-    long prompt). The repeated copies hold [slots, d] per head."""
+    The key and value heads are repeated up to the query heads first: on a GPU, PyTorch's fused
+    attention kernels take a mask only when the heads match, and with grouped heads and a mask
+    SDPA falls back to its unfused kernel, which holds a [T, slots] score matrix per head
+    (gigabytes for a long prompt). The repeated copies hold [slots, d] per head."""
     group = q.shape[1] // keys.shape[1]
     keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
