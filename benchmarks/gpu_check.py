@@ -331,12 +331,12 @@ def check_batches(models, spec, dtype, batches, context, new_tokens, roof, recor
 
     rows = record.setdefault("batches", {"context": context, "new_tokens": new_tokens, "rows": []})
     rows.pop("skipped_from_batch", None)
+    if "out_of_memory_at_batch" in rows:  # an earlier call found the largest batch that fits
+        return
     done = {row["batch"] for row in rows["rows"]}
     for batch in batches:
         if batch in done:
             continue
-        if "out_of_memory_at_batch" in rows:
-            break
         if budget.spent():
             rows["skipped_from_batch"] = batch
             break
@@ -907,7 +907,7 @@ def speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_to
             models, speed_spec, half, batches, 32, 16 if not dry else 4, roof, record, budget))  # fmt: skip
 
     def peers():
-        out = record.get("peers", {})
+        out = record.setdefault("peers", {})
         state.pop("engine", None)  # the peers' turn: the engine's copy is let go first
         state.pop("fast", None)
         for label, tokens, runs, static in (("hf_eager", min(new_tokens, 32), 1, False),
@@ -918,10 +918,8 @@ def speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_to
                 out[label] = {"skipped": "time budget spent"}
                 continue
             out[label] = hf_timing(speed_hf(), prompt, tokens, runs, static=static)
-            record["peers"] = out
             budget.save(record)
             budget.note(f"peer {label}: {out[label]['tok_per_s']:.1f} tok/s")
-        return out
 
     section(record, "peers", budget, peers)
     state.clear()

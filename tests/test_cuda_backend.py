@@ -18,6 +18,7 @@ from memwall.engine.batch import generate_batch
 from memwall.engine.cuda import CompiledDecoder, StaticKVCache, compiled, padded_rows
 from memwall.engine.cuda.int4 import TinyGemmInt4Linear, inner_k_tiles, tinygemm_uint8
 from memwall.engine.cuda.paged import CompiledPagedCache, decode_paged
+from memwall.engine.cuda.runner import RECOMPILE_LIMIT
 from memwall.engine.cuda.step import forward_static
 from memwall.engine.kv_cache import KVCache
 from memwall.engine.paged_cache import PagedKVCache
@@ -163,9 +164,7 @@ def test_a_step_past_the_recompile_limit_runs_uncompiled_and_says_why():
     model = two_layer_engine()
     fast = CompiledDecoder(model, backend="eager")
     torch._dynamo.reset()
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    with config.patch(**{name: 1}):
+    with torch._dynamo.config.patch(**{RECOMPILE_LIMIT: 1}):
         assert generate(fast, PROMPT, 4).tokens == generate(model, PROMPT, 4).tokens  # compiled
         prompts = [PROMPT, PROMPT[4:]]  # ragged: a step with a mask, another variant
         with pytest.warns(RuntimeWarning, match="failed to build"):

@@ -40,6 +40,10 @@ COMPILE_ERRORS = (
     torch._dynamo.exc.TorchDynamoException,
     getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", torch._dynamo.exc.TorchDynamoException),
 )
+# dynamo's limit on compiled variants per function, under the name this torch gives it
+RECOMPILE_LIMIT = (
+    "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+)
 POOLED_SHAPES = 4  # cache shapes whose buffers are kept for reuse once their cache is dropped
 
 
@@ -73,8 +77,7 @@ def _allow_many_shapes(limit: int = 64) -> None:
     recorded for each padded batch and cache size, by design: torch's warning past 8 of them
     (printed into a chapter's output) is silenced."""
     config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), limit))
+    setattr(config, RECOMPILE_LIMIT, max(getattr(config, RECOMPILE_LIMIT), limit))
     graphs = torch._inductor.config.triton
     if hasattr(graphs, "cudagraph_dynamic_shape_warn_limit"):
         graphs.cudagraph_dynamic_shape_warn_limit = None
