@@ -201,6 +201,48 @@ def test_quantized_and_bf16_models_compile_and_match(tiny_engine):
     assert bool(twins) == has_cpu_tinygemm
 
 
+def refusing_bf16(graph, inputs):
+    """A compiler backend that refuses bf16 inputs as inductor does on a GPU without bf16."""
+    from torch._dynamo.exc import SkipFrame
+
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in inputs):
+        raise SkipFrame("BF16 is not supported")
+    return graph.forward
+
+
+def test_a_gpu_without_bf16_gets_no_bf16_graph_input(monkeypatch):
+    # A T4 or V100: the compiler refuses a graph with a bf16 input there (and skips the step's
+    # code for the rest of the process), as this backend does; the quantized layers' bf16
+    # scales must reach it as fp32, and bf16 weights must not reach it at all.
+    import memwall.engine.cuda as cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "native_half_dtype", lambda device: torch.float16)
+    graphs = []
+
+    def without_bf16(graph, inputs):
+        graphs.append({t.dtype for t in inputs if isinstance(t, torch.Tensor)})
+        return refusing_bf16(graph, inputs)
+
+    int8 = quantize(two_layer_engine(seed=6), "int8", inplace=True)
+    int4 = quantize(two_layer_engine(seed=7), "int4", group_size=32, inplace=True)
+    for model in (int8, int4):  # int4: no tinygemm on such a GPU, the readable layers compiled
+        fast = compiled(model, int4=False, compile_backend=without_bf16)
+        assert not any(t.dtype == torch.bfloat16 for t in fast.model.buffers())
+        assert any(t.dtype == torch.bfloat16 for t in model.buffers())  # the model's own kept
+        ours, _ = stepwise_logits(fast, PROMPT, 6)
+        ref, _ = stepwise_logits(model, PROMPT, 6)
+        assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
+        assert fast.compile_failure is None
+    assert graphs and all(torch.bfloat16 not in dtypes for dtypes in graphs)  # none refused
+
+    graphs.clear()
+    bf16 = two_layer_engine(dtype=torch.bfloat16, seed=8)
+    with pytest.warns(RuntimeWarning, match="load the model in fp16"):
+        fast = compiled(bf16, compile_backend=without_bf16)
+    assert generate(fast, PROMPT, 8).tokens == generate(bf16, PROMPT, 8).tokens
+    assert not graphs and "fp16" in fast.compile_failure
+
+
 # ---- int4: memwall's format against tinygemm's, with plain tensors -------------------------------
 
 

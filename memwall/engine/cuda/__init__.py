@@ -19,6 +19,7 @@ against the readable engine without a GPU.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 from torch import nn
@@ -76,7 +77,40 @@ def compiled(
         raise ValueError(
             f"the compiled path takes a memwall Transformer, not {type(model).__name__}"
         )
-    return CompiledDecoder(with_twins(model, int4), mode=mode, backend=compile_backend)
+    model = with_twins(model, int4)
+    device = next(model.parameters()).device
+    native_bf16 = native_half_dtype(device) == torch.bfloat16
+    if not native_bf16:
+        model = with_bf16_buffers_widened(model)
+    decoder = CompiledDecoder(model, mode=mode, backend=compile_backend)
+    if not native_bf16 and any(p.dtype == torch.bfloat16 for p in model.parameters()):
+        # The compiler would skip the step, and its code for every model after (running it in
+        # pieces, without one graph).
+        decoder.compile_failure = (
+            f"{device} computes in bf16 only by emulation, and the compiler takes no bf16 step "
+            "there: load the model in fp16 (memwall's default on this GPU)"
+        )
+        warnings.warn(
+            f"memwall: the compiled decode step runs uncompiled ({decoder.compile_failure})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return decoder
+
+
+def with_bf16_buffers_widened(model: nn.Module) -> nn.Module:
+    """A new module tree over `model`'s tensors in which each bf16 buffer (the quantized layers'
+    scales and offsets: a few bytes a row or group) is an fp32 copy, exactly equal.
+
+    For a GPU without native bf16 (before compute capability 8.0: a T4, a V100), whose compiler
+    refuses a graph with a bf16 input, and then skips the step's code for the rest of the process.
+    The layers cast their scales to the activations' dtype (or to fp32) either way, so the outputs
+    do not change."""
+    widened = {id(b): b.float() for b in model.buffers() if b.dtype == torch.bfloat16}
+    if not widened:
+        return model
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo={**shared, **widened})
 
 
 def native_half_dtype(device) -> torch.dtype:
