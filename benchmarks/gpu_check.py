@@ -161,6 +161,13 @@ def compare(ours, ref) -> dict:
     }
 
 
+def int4_group(model) -> int:
+    """int4's group: 128, as tinygemm was first measured with, or the largest of its smaller
+    groups that divides every layer's inputs (SmolLM2's width, 576, takes 64)."""
+    widths = {m.in_features for m in model.modules() if hasattr(m, "in_features")}
+    return next((g for g in (128, 64) if all(w % g == 0 for w in widths)), 32)
+
+
 def check_correctness(spec, device, half, steps) -> dict:
     prompt = torch.tensor([list(range(11, 43))], device=device) % spec.vocab_size
     out = {"model": spec.name, "steps": steps}
@@ -172,7 +179,7 @@ def check_correctness(spec, device, half, steps) -> dict:
     out["fp32_compiled_vs_readable"] = compare(fast_logits, ref_logits)
     out["fp32_compiled_greedy_identical"] = fast_tokens == ref_tokens
     for fmt in ("int8", "int4"):
-        quantized = quantize(readable, fmt, group_size=128, inplace=False)
+        quantized = quantize(readable, fmt, group_size=int4_group(readable), inplace=False)
         q_logits, _ = stepwise(quantized, prompt, steps)
         fast_q = compiled(quantized)
         if fmt == "int4":  # layers on tinygemm (0 where torch has no kernel for this device)
@@ -317,7 +324,8 @@ def check_decode(models, record, prompt, new_tokens, repeats, copy_gbps, budget)
     run("compiled", lambda: models()["fast"])
     for fmt in ("int8", "int4"):  # each copy let go once timed
         run(f"compiled_{fmt}", lambda fmt=fmt: compiled(
-            quantize(models()["engine"], fmt, group_size=128, inplace=False)))  # fmt: skip
+            quantize(models()["engine"], fmt, group_size=int4_group(models()["engine"]),
+                     inplace=False)))  # fmt: skip
 
 
 # ---- 4. batch 1..256 -----------------------------------------------------------------------------

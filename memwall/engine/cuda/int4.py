@@ -53,6 +53,11 @@ def unsupported_reason(layer: Int4Linear) -> str | None:
         return f"torch {torch.__version__} has no int4 tinygemm kernel for {device.type}"
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return "tinygemm needs a GPU with bf16 tensor cores (compute capability 8.0 or newer)"
+    return layout_reason(layer)
+
+
+def layout_reason(layer: Int4Linear) -> str | None:
+    """Why tinygemm cannot take this layer's group or widths on any device, or None."""
     if layer.group_size not in TINYGEMM_GROUP_SIZES:
         return f"tinygemm takes int4 groups of {TINYGEMM_GROUP_SIZES}, not {layer.group_size}"
     if inner_k_tiles(layer.in_features) is None or layer.out_features % 8:
