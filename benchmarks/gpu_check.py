@@ -6,9 +6,9 @@ bytes, so no model file or network is needed. Sections, in order of importance, 
 allowed to fail on its own (its error is recorded), each skipped once the time budget is spent:
 
 1. copy bandwidth (device-to-device, bytes read + written) and dense matmul FLOP/s in the dtype;
-2. correctness on a small SmolLM2-wide model: readable engine against transformers (fp32 logits,
-   bf16 teacher-forced top-1), compiled against readable (fp32 logits and greedy tokens; bf16,
-   int8 and int4 top-1 agreement and logits);
+2. correctness on a small SmolLM2-wide model: readable engine against transformers (fp32 and
+   bf16 logits), compiled against readable (fp32 logits and greedy tokens; bf16, int8 and int4
+   logits), every comparison but the greedy one on the same tokens;
 3. batch-1 decode of a Llama-3-8B shape (a smaller Llama where the GPU cannot hold two copies):
    readable eager, compiled bf16, int8, int4 (tinygemm, group 128), next to the copy bandwidth;
 4. batch 1..256 with the compiled bf16 model, against the cost model's ceiling;
@@ -134,13 +134,18 @@ def roofs(device, dtype, quick: bool) -> dict:
 # ---- 2. correctness ------------------------------------------------------------------------------
 
 
-def stepwise(model, prompt, steps, cache_factory=None):
-    """Logits of a prefill and `steps` greedy decode steps [steps + 1, vocab], and the tokens."""
+def stepwise(model, prompt, steps, forced=None):
+    """Logits of a prefill and `steps` greedy decode steps [steps + 1, vocab], and the tokens.
+
+    forced: tokens to feed instead of the model's own choices (another model's), so that logits
+    compare on the same sequence: in 16 bits two correct models can break a near-tie apart, and
+    their sequences would then part."""
     cache = model.new_cache(batch=1, max_tokens=prompt.shape[1] + steps + 1)
     with torch.inference_mode():
         logits = [model(prompt, cache, last_only=True)[:, -1]]
-        for _ in range(steps):
-            logits.append(model(logits[-1].argmax(-1)[:, None], cache)[:, -1])
+        for step in range(steps):
+            token = logits[-1].argmax(-1) if forced is None else prompt.new_tensor([forced[step]])
+            logits.append(model(token[:, None], cache)[:, -1])
     logits = torch.cat(logits).float()
     return logits, logits.argmax(-1).tolist()
 
@@ -180,30 +185,33 @@ def check_correctness(spec, device, half, steps) -> dict:
     out["fp32_compiled_greedy_identical"] = fast_tokens == ref_tokens
     for fmt in ("int8", "int4"):
         quantized = quantize(readable, fmt, group_size=int4_group(readable), inplace=False)
-        q_logits, _ = stepwise(quantized, prompt, steps)
+        q_logits, q_tokens = stepwise(quantized, prompt, steps)
         fast_q = compiled(quantized)
         if fmt == "int4":  # layers on tinygemm (0 where torch has no kernel for this device)
             out["int4_tinygemm_layers"] = sum(
                 isinstance(m, TinyGemmInt4Linear) for m in fast_q.modules()
             )
-        out[f"{fmt}_compiled_vs_readable"] = compare(stepwise(fast_q, prompt, steps)[0], q_logits)
+        q_compiled = stepwise(fast_q, prompt, steps, forced=q_tokens)[0]
+        out[f"{fmt}_compiled_vs_readable"] = compare(q_compiled, q_logits)
         del quantized, fast_q
     hf16 = hf.to(DTYPES[half])
     readable16 = Transformer.from_hf(hf16)
     ref16, tokens16 = stepwise(readable16, prompt, steps)
     out[f"{half}_readable_vs_hf"] = compare(ref16, hf_stepwise(hf16, prompt, tokens16))
     out[f"{half}_compiled_vs_readable"] = compare(
-        stepwise(compiled(readable16), prompt, steps)[0], ref16
+        stepwise(compiled(readable16), prompt, steps, forced=tokens16)[0], ref16
     )
     out["prefill_attention_fused"] = prefill_attention_fused(spec, device, DTYPES[half])
-    out["ok"] = bool(
-        out["fp32_readable_vs_hf"]["relative_max_diff"] < 1e-4
-        and out["fp32_compiled_vs_readable"]["relative_max_diff"] < 1e-4
-        and out["fp32_compiled_greedy_identical"]
-        and out["int8_compiled_vs_readable"]["top1_agreement"] >= 0.95
-        and out["int4_compiled_vs_readable"]["top1_agreement"] >= 0.9
-        and out[f"{half}_compiled_vs_readable"]["top1_agreement"] >= 0.9
-        and out[f"{half}_readable_vs_hf"]["top1_agreement"] >= 0.9
+    # Every comparison but the fp32 greedy one is on the same tokens. fp32 (int8's activations
+    # too) differs by the order of sums; 16 bits (tinygemm's int4 rows too) by a few roundings of
+    # 2^-8 each, a few percent of the largest logit; a wrong mask, slot or position by about
+    # all of it. The top-1 agreements are recorded, not judged: in 16 bits a near-tie may go
+    # either way.
+    tolerances = {"fp32_readable_vs_hf": 1e-4, "fp32_compiled_vs_readable": 1e-4,
+                  "int8_compiled_vs_readable": 1e-3, "int4_compiled_vs_readable": 0.15,
+                  f"{half}_compiled_vs_readable": 0.15, f"{half}_readable_vs_hf": 0.15}  # fmt: skip
+    out["ok"] = out["fp32_compiled_greedy_identical"] and all(
+        out[name]["relative_max_diff"] < tolerance for name, tolerance in tolerances.items()
     )
     return out
 
