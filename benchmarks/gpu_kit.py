@@ -152,40 +152,56 @@ def prepare(kit_dir: Path, python_version: str, part_bytes: int | None) -> dict:
     return manifest
 
 
-# Seconds for each kind of call: a session has about 15 minutes of device time, the machine's
-# start included. `timeout` ends the check before the tool does, so the record still comes back
-# (it is saved after every section and every chapter); no section starts after its budget.
-SPEED_CALL = (300, 200)  # (timeout, --budget-s) of the speed sections, then the server's
-CHAPTERS_CALL = (480, 380)  # of the chapters; a chapter left over runs in a later call
+# A session's device time, the machine's start included (a cold start takes a minute or more).
+DEVICE_SECONDS, START_SECONDS = 900, 120
+# Seconds of each call: (the tool's timeout_s, the command's `timeout`, gpu_check's --budget-s).
+# No section starts after its budget; `timeout` ends the check before the tool would kill the
+# command, so the copy of the record that follows it still runs (the record is written to $OUT
+# after every section and chapter, so even a call the tool kills brings back what it measured).
+# The last call first joins and installs the kit (tens of seconds), inside the tool's limit.
+SPEED_CALL = (300, 270, 190)
+CHAPTERS_CALL = (420, 360, 280)
+STAGE_CALL = 60  # a call between the first and the last only keeps its part
 
 
 def plan(manifest: dict, kit_dir: Path) -> str:
     """The device calls, in order: each carries one part; the first also times the engine (and
-    the server's, if its budget is left), the last runs the chapters. A cold machine between calls loses the parts: start again at call 1."""
+    the server's, if its budget is left), the last runs the chapters. The record is written to
+    $OUT (what comes back) and kept in /tmp/gpu-check between calls, so the last call adds to it.
+    A cold machine between calls loses the parts: start again at call 1."""
     relative = kit_dir.relative_to(ROOT) if kit_dir.is_relative_to(ROOT) else kit_dir
-    check = "benchmarks/gpu_check.sh --results-dir /tmp/gpu-check"
-    back = "cp /tmp/gpu-check/*.json $OUT/"
+    check = "benchmarks/gpu_check.sh --results-dir $OUT"
+    kept = "/tmp/gpu-check"
+    keep = f"mkdir -p {kept}; cp $OUT/*.json {kept}/ 2>/dev/null"
+    resume = f"cp {kept}/*.json $OUT/ 2>/dev/null;"
     lines = [f"{manifest['parts']} device calls, each made as soon as the last returns (the "
-             "machine stays warm 30 s):"]  # fmt: skip
+             "machine stays warm 30 s), then give_back:"]  # fmt: skip
     for index in range(1, manifest["parts"] + 1):
         last = index == manifest["parts"]
         command = "python3 benchmarks/gpu_kit.py stage" + (" --require-all" if last else "")
+        limit = STAGE_CALL
         if index == 1:
-            timeout, budget = SPEED_CALL
-            command += (
-                f" && timeout {timeout} {check} --sections speed,server --budget-s {budget}; {back}"
-            )
+            limit, timeout, budget = SPEED_CALL
+            command += (f" && {{ timeout {timeout} {check} --sections speed,server --budget-s "
+                        f"{budget}; {keep}; }}")  # fmt: skip
         if last:
-            timeout, budget = CHAPTERS_CALL
-            command += (f" && PYTHONPATH={STORE / 'site'} timeout {timeout} {check} --sections "
-                        f"chapters --resume --budget-s {budget}; {back}")  # fmt: skip
-        lines.append(f'  call {index}: carry ["{relative}/part-{index}"]  command: {command}')
-    timeout, budget = SPEED_CALL
-    lines.append(f"  then, while device time is left, what call 1 left over: carry nothing, command: "
-                 f"timeout {timeout} {check} --sections speed,server --resume --budget-s {budget}; "
-                 f"{back} (what the record holds is kept); chapters left over: the last call's "
-                 "command again, without carry (those that ran cleanly are kept)")  # fmt: skip
+            limit, timeout, budget = CHAPTERS_CALL
+            command += (f" && {{ {resume} PYTHONPATH={STORE / 'site'} timeout {timeout} {check} "
+                        f"--sections chapters --resume --budget-s {budget}; {keep}; }}")  # fmt: skip
+        lines.append(f'  call {index}: timeout_s {limit}, carry ["{relative}/part-{index}"], '
+                     f"command: {command}")  # fmt: skip
+    limit, timeout, budget = SPEED_CALL
+    lines.append(f"  only if status then shows more than {limit} s left, before give_back: what "
+                 f"call 1 left over, timeout_s {limit}, carry nothing, command: {resume} timeout "
+                 f"{timeout} {check} --sections speed,server --resume --budget-s {budget}; {keep}"
+                 " (what the record holds is kept)")  # fmt: skip
     return "\n".join(lines)
+
+
+def device_seconds(parts: int) -> int:
+    """The device time the plan's calls may take, at most, the machine's start included."""
+    middle = max(parts - 2, 0) * STAGE_CALL
+    return START_SECONDS + SPEED_CALL[0] + middle + CHAPTERS_CALL[0]
 
 
 def stage(kit_dir: Path, store: Path, require_all: bool = False) -> int:

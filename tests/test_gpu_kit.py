@@ -55,6 +55,16 @@ def test_the_kit_leaves_the_images_packages_and_fits_each_part_in_its_call(kit, 
     assert plan.count('carry ["') == manifest["parts"]
     assert plan.count("stage --require-all") == 1 and "--sections chapters --resume" in plan
     assert "--sections speed,server --resume" in plan  # what the first call left, finished
+    commands = [line.split("command: ")[1] for line in plan.splitlines() if "command: " in line]
+    checks = [c for c in commands if "gpu_check.sh" in c]
+    assert len(checks) == 3 and all("--results-dir $OUT" in c for c in checks)  # comes back
+    assert all(len(c) <= 2000 for c in commands)
+    # The two calls the real kit takes (the model alone fills one) fit a session's device time
+    # with the machine's start and a gap between them, and each command ends before its call.
+    assert kit.device_seconds(2) + 30 <= kit.DEVICE_SECONDS
+    assert all(
+        budget < timeout < limit for limit, timeout, budget in (kit.SPEED_CALL, kit.CHAPTERS_CALL)
+    )
 
 
 def test_stage_waits_for_every_part_then_installs_the_checked_whole(kit, tmp_path, monkeypatch):
