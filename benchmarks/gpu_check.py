@@ -58,7 +58,9 @@ from memwall.engine.cuda import TinyGemmInt4Linear  # noqa: E402
 from memwall.engine.quant import quantize  # noqa: E402
 from memwall.specs import ModelSpec, get_spec  # noqa: E402
 
-# (spec, parameters in billions): the first whose two 16-bit copies fit in 85% of the GPU memory.
+# (spec, parameters in billions): the first whose copies held at once fit in 85% of the GPU memory:
+# transformers' and the engine's in 16 bits while the int8 copy is timed (a byte a weight).
+BYTES_HELD_PER_PARAMETER = 2 + 2 + 1
 SPEED_MODELS = (("llama-3-8b", 8.03), ("llama-3.2-3b", 3.21), ("llama-3.2-1b", 1.24))
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TINY = ModelSpec(  # the dry run's model for every section (widths that int4 group 128 divides)
@@ -713,9 +715,7 @@ def speed_model(device: str) -> str:
         return TINY.name
     memory = torch.cuda.get_device_properties(device).total_memory
     for spec, billions in SPEED_MODELS:
-        if (
-            2 * billions * 1e9 * 2 < 0.85 * memory
-        ):  # transformers' copy + the engine's, 2 bytes each
+        if billions * 1e9 * BYTES_HELD_PER_PARAMETER < 0.85 * memory:
             return spec
     return SPEED_MODELS[-1][0]
 

@@ -143,3 +143,14 @@ def test_the_correctness_section_passes_at_the_shape_a_gpu_checks(gpu_check):
     # a few steps of this prompt: compared on the same tokens they agree to rounding.
     out = gpu_check.check_correctness(gpu_check.SMALL, "cpu", "bf16", 6)
     assert out["ok"], out
+
+
+def test_the_speed_model_leaves_room_for_the_copies_timed_at_once(gpu_check, monkeypatch):
+    # transformers' copy and the engine's stay while the int8 copy is timed: on a 16 GB card
+    # the 3B Llama (12.8 GB in two 16-bit copies) would run out of memory at int8.
+    from types import SimpleNamespace
+
+    for gigabytes, expected in ((80, "llama-3-8b"), (40, "llama-3.2-3b"), (16, "llama-3.2-1b")):
+        props = SimpleNamespace(total_memory=gigabytes * 10**9)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, p=props: p)
+        assert gpu_check.speed_model("cuda:0") == expected, gigabytes
