@@ -246,6 +246,14 @@ def test_a_gpu_without_bf16_gets_no_bf16_graph_input(monkeypatch):
 # ---- int4: memwall's format against tinygemm's, with plain tensors -------------------------------
 
 
+def test_tinygemm_is_left_to_torch_builds_that_have_it():
+    from memwall.engine.cuda.int4 import cuda_build_reason
+
+    assert "CUDA 12" in cuda_build_reason("11.8")
+    assert cuda_build_reason("12.4") is None and cuda_build_reason("13.0") is None
+    assert cuda_build_reason(None) is None  # ROCm's builds (and CPU-only ones) have no CUDA
+
+
 def test_tinygemm_byte_order_is_memwalls_with_the_nibbles_swapped():
     codes = torch.randint(0, 16, (8, 64), dtype=torch.uint8)
     # tinygemm's CUDA converter (torch >= 2.5) wants the even index in the high nibble

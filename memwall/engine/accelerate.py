@@ -5,8 +5,9 @@ the reference every speed path is tested against. Each kind of device has its sp
 backend beside it, as gpt-fast and nano-vllm keep theirs: `engine/cpu/` (C kernels chosen by
 measurement, a decode step fused in C) and `engine/cuda/` (a static KV cache and the decode step
 compiled into CUDA graphs, int4 through tinygemm). `accelerate` picks the backend from the device
-the weights live on and returns a new module that shares those weights; the one passed in is left
-as it was. A whole model gets faster decode steps; on a CPU a single linear layer (chapters
+the weights live on and returns a new module that shares those weights (int4 layers on a GPU get
+tinygemm's own copy of their codes: let the model passed in go to free its); the one passed in is
+left as it was. A whole model gets faster decode steps; on a CPU a single linear layer (chapters
 compare kernels on one matrix) gets its twin, whose `paths_for(x)` names the kernels that can
 take `x` and whose `run(path, x)` computes through one of them.
 

@@ -53,7 +53,17 @@ def unsupported_reason(layer: Int4Linear) -> str | None:
         return f"torch {torch.__version__} has no int4 tinygemm kernel for {device.type}"
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         return "tinygemm needs a GPU with bf16 tensor cores (compute capability 8.0 or newer)"
+    if device.type == "cuda" and (reason := cuda_build_reason(torch.version.cuda)):
+        return reason
     return layout_reason(layer)
+
+
+def cuda_build_reason(cuda_version: str | None) -> str | None:
+    """Why this torch build has no tinygemm for NVIDIA GPUs: PyTorch compiles it only with CUDA
+    12 or newer (its cu118 wheels raise "not available for build"). None on ROCm's builds."""
+    if cuda_version and int(cuda_version.split(".")[0]) < 12:
+        return f"torch's tinygemm needs a build with CUDA 12 or newer, not {cuda_version}"
+    return None
 
 
 def layout_reason(layer: Int4Linear) -> str | None:
