@@ -156,8 +156,8 @@ def prepare(kit_dir: Path, python_version: str, part_bytes: int | None) -> dict:
 DEVICE_SECONDS, START_SECONDS = 900, 120
 # Seconds of each call: (the tool's timeout_s, the command's `timeout`, gpu_check's --budget-s).
 # No section starts after its budget; `timeout` ends the check before the tool would kill the
-# command, so the copy of the record that follows it still runs (the record is written to $OUT
-# after every section and chapter, so even a call the tool kills brings back what it measured).
+# command, so the record is still kept for the next call (it is written to $OUT after every
+# section and chapter: even a call the tool kills brings back what it measured).
 # The last call first joins and installs the kit (tens of seconds), inside the tool's limit.
 SPEED_CALL = (300, 270, 190)
 CHAPTERS_CALL = (420, 360, 280)
@@ -194,7 +194,8 @@ def plan(manifest: dict, kit_dir: Path) -> str:
     lines.append(f"  only if status then shows more than {limit} s left, before give_back: what "
                  f"call 1 left over, timeout_s {limit}, carry nothing, command: {resume} timeout "
                  f"{timeout} {check} --sections speed,server --resume --budget-s {budget}; {keep}"
-                 " (what the record holds is kept)")  # fmt: skip
+                 " (what the record holds is kept); chapters left over: the last call's command"
+                 " again, without carry")  # fmt: skip
     return "\n".join(lines)
 
 
