@@ -22,8 +22,9 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
    sizes on the speed model.
 
 `--sections speed` runs 1-5, `--sections chapters` runs 6, `--sections server` runs 7; `--resume`
-adds to the newest record of this machine, so they can run in calls of a device tool that limits
-each call's time. What that record measured is kept (each section, decode label, batch size,
+adds to the newest record of this machine (in `--results-dir`, or committed under
+benchmarks/results by an earlier session), so they can run in calls, and sessions, of a device
+tool that limits each one's time. What that record measured is kept (each section, decode label, batch size,
 peer and chapter that finished), so a call cut short is finished by the next one, not repeated.
 
 Every section keeps the CUDA graph warnings it raised; `cudagraph_skips` in the summary counts
@@ -39,6 +40,8 @@ short keeps what it measured; `--results-dir` to write elsewhere) and prints a m
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
 import logging
 import statistics
@@ -72,6 +75,9 @@ SMALL = ModelSpec(  # SmolLM2-135M's widths and vocabulary, 4 layers: quick to c
     head_dim=64, d_ff=1536, vocab_size=49152, tied_embeddings=True, max_context=2048,
     rope_theta=100000.0,
 )  # fmt: skip
+# Records committed from earlier sessions: `--resume` adds to this machine's newest one too, so
+# that a session with little device time finishes what an earlier one on the same kind left.
+COMMITTED = ROOT / "benchmarks" / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -400,6 +406,9 @@ def hf_timing(hf, prompt, new_tokens, repeats, static: bool) -> dict:
 
     device = next(hf.parameters()).device
     ids = torch.tensor([prompt], device=device)
+    # generate fills a field left None from the model's own config, whose end-of-text token a
+    # random model may well pick: every run must make all its tokens
+    hf.generation_config.eos_token_id = None
     options = {"cache_implementation": "static"} if static else {}
     config = GenerationConfig(
         max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, **options
@@ -411,8 +420,10 @@ def hf_timing(hf, prompt, new_tokens, repeats, static: bool) -> dict:
             hf.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                         streamer=clock)  # fmt: skip
         times = clock.times[1:]
-        if attempt:
-            runs.append((times[-1] - times[0]) / (len(times) - 1))
+        if len(times) != new_tokens:
+            raise RuntimeError(f"transformers made {len(times)} of {new_tokens} tokens")
+        if attempt:  # the median step, as memwall's are timed (a new cache's graph recorded once)
+            runs.append(statistics.median(b - a for a, b in itertools.pairwise(times)))
     return {"step_s": statistics.median(runs), "step_s_repeats": runs,
             "tok_per_s": 1 / statistics.median(runs)}  # fmt: skip
 
@@ -538,7 +549,7 @@ def scheduler_launches(model, batch: int, prompt, new_tokens: int) -> dict | Non
     return launches_per_step(run, new_tokens - 1)
 
 
-def check_server(device, dry, speed_hf, prompt, new_tokens, batches) -> dict:
+def check_server(device, dry, speed_spec, half, prompt, new_tokens, batches) -> dict:
     from memwall.engine.scheduler import Scheduler
 
     hf = random_hf(TINY if dry else SMALL, torch.float32, device, seed=2, sharpen=4.0)
@@ -549,7 +560,7 @@ def check_server(device, dry, speed_hf, prompt, new_tokens, batches) -> dict:
         tokens[name] = [r.tokens for r in scheduler.run(ragged_stream(hf.config.vocab_size))]
     out = {"greedy_identical": tokens["compiled"] == tokens["readable"], "rows": []}
     del hf, readable
-    engine = Transformer.from_hf(speed_hf)
+    engine = Transformer.from_hf(random_hf(speed_spec, DTYPES[half], device))
     fast = compiled(engine)
     for batch in batches:
         readable_s = scheduler_step_s(engine, batch, prompt, new_tokens)
@@ -580,11 +591,15 @@ class Budget:
               flush=True)  # fmt: skip
 
     def save(self, record: dict) -> None:
+        """The record's summary and table brought up to date, and written (a call stopped at any
+        point leaves them current)."""
+        record["wall_seconds"] = time.perf_counter() - self.start
+        record["summary"] = summary(record)
+        record["markdown"] = markdown(record)
         if self.results_dir is None:
             return
         from memwall.bench.records import save_record
 
-        record["wall_seconds"] = time.perf_counter() - self.start
         if self.path is None:
             self.path = save_record(record, "gpu_check", self.results_dir)
             saved = json.loads(self.path.read_text())  # the fingerprint and date it added
@@ -609,7 +624,8 @@ def summary(record: dict) -> dict:
     def replays_graph(launches):  # most steps (a new cache's first step records its graph)
         return None if not launches else launches["graph_launches"] >= 0.5
 
-    parts = [part for part in record.values() if isinstance(part, dict)]
+    # memwall's graphs only: the peers' warnings are transformers'
+    parts = [v for k, v in record.items() if isinstance(v, dict) and k != "peers"]
     graph_warnings = [w for part in parts for w in part.get("cudagraph_warnings", [])]
     by_chapter = record.get("chapters", {}).get("cudagraph_warnings_by_chapter", {})
     graph_warnings += [w for warnings in by_chapter.values() for w in warnings]
@@ -656,8 +672,8 @@ def markdown(record: dict) -> str:
         )
 
     lines = [
-        f"GPU check on {s['device_name']} (torch {torch.__version__}), {record['speed_model']} "
-        f"in {record['dtype']}, random weights",
+        f"GPU check on {s['device_name']} (torch {torch.__version__}), {record.get('speed_model')} "
+        f"in {record.get('dtype')}, random weights",
         "",
         "| measure | value | target |",
         "|---|---|---|",
@@ -671,7 +687,7 @@ def markdown(record: dict) -> str:
         f"| memwall over transformers eager | {show(s['vs_hf_eager'])}x | >= 4x |",
         f"| correctness (compiled vs readable vs transformers) | {show(s['correctness_ok'])} | True |",
         f"| prefill attention on a fused kernel | {show(s['prefill_attention_fused'])} | True |",
-        f"| chapters executed on {record['device']} | {show(s['chapters_on_cuda_ok'])} | True |",
+        f"| chapters executed on {record.get('device')} | {show(s['chapters_on_cuda_ok'])} | True |",
         f"| server: compiled scheduler's tokens = readable | {show(s['server_greedy_identical'])} | True |",
         f"| CUDA graphs skipped (steps run launch by launch) | {s['cudagraph_skips']} | 0 |",
         f"| compiled decode step replays a CUDA graph | {show(s['compiled_step_replays_graph'])} | True |",
@@ -683,7 +699,7 @@ def markdown(record: dict) -> str:
             f"| {label} | {r['step_s'] * 1e3:.2f} | {r['tok_per_s']:.1f} | "
             f"{r['bytes_per_step'] / 1e9:.2f} | {r['achieved_gbps']:.0f} | {r['wall_s']:.0f} |"
             for label, r in record.get("decode", {}).items()
-            if "step_s" in r
+            if isinstance(r, dict) and "step_s" in r
         ],
     )
     lines += table(
@@ -763,6 +779,9 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
         record[name]["error"] = f"{type(error).__name__}: {error}"
         record[name]["traceback"] = traceback.format_exc()[-3000:]
         print(record[name]["traceback"], file=sys.stderr)
+    gc.collect()  # a section's models (reference cycles among them) gone before the next's
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     if warnings := earlier_warnings + GRAPH_WARNINGS.messages[warned:]:
         record.setdefault(name, {})["cudagraph_warnings"] = warnings
     seconds = record.setdefault("section_seconds", {})
@@ -772,7 +791,7 @@ def section(record: dict, name: str, budget: Budget, work) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--results-dir", type=Path, default=COMMITTED)
     parser.add_argument("--no-record", action="store_true", help="print only, write no record")
     parser.add_argument("--budget-s", type=float, default=420, help="sections start until then")
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -791,7 +810,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--resume", action="store_true",
-        help="add to this machine's newest gpu_check record in --results-dir, if there is one",
+        help="add to this machine's newest gpu_check record in --results-dir or "
+        "benchmarks/results, if there is one",
     )  # fmt: skip
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -823,7 +843,7 @@ def main(argv=None) -> int:
     new_tokens, repeats = (8, 1) if dry else (args.new_tokens, args.repeats)
     batches = (1, 2, 3) if dry else BATCHES
     prompt = [(100 + i) % speed_spec.vocab_size for i in range(32)]
-    earlier = newest_record(args.results_dir) if args.resume else None
+    earlier = newest_record(args.results_dir, COMMITTED) if args.resume else None
     setting = {
         "device": device,
         "device_name": device_name,
@@ -838,14 +858,19 @@ def main(argv=None) -> int:
     record = json.loads(earlier.read_text()) if earlier else setting
     if differ := [f"{key} {record[key]} there, {value} here" for key, value in setting.items()
                   if key in record and record[key] != value]:  # fmt: skip
-        print(f"gpu_check: {earlier} was measured otherwise ({'; '.join(differ)}): its numbers "
-              "and this run's would not compare; run without --resume, or as it ran",
+        # Its numbers and this run's would not compare (another torch on the image, say): it is
+        # left as it is, and this run starts its own rather than losing the call.
+        print(f"gpu_check: {earlier} was measured otherwise ({'; '.join(differ)}); a new record",
               file=sys.stderr)  # fmt: skip
-        return 2
-    if args.resume:  # a machine given back between calls takes its record with it
+        earlier, record = None, setting
+    elif args.resume:  # a machine given back between calls takes its record with it
         print(f"gpu_check: adding to {earlier}" if earlier else "gpu_check: no earlier record "
               "of this machine; a new one", file=sys.stderr)  # fmt: skip
-    budget = Budget(args.budget_s, None if args.no_record else args.results_dir, earlier)
+    # a record from elsewhere is saved anew in --results-dir, under its name
+    rewrite = (
+        earlier if earlier and earlier.parent.resolve() == args.results_dir.resolve() else None
+    )
+    budget = Budget(args.budget_s, None if args.no_record else args.results_dir, rewrite)
     if "speed" in sections:
         speed_sections(record, budget, device, half, dry, speed_spec, prompt, new_tokens,
                        repeats, batches)  # fmt: skip
@@ -859,34 +884,28 @@ def main(argv=None) -> int:
     elif dry and "chapters" not in record:  # running the book on a CPU is `make book`'s work
         record["chapters"] = {"chapters_on_cuda_ok": None, "reason": "a CPU dry run"}
     if "server" in sections and not measured(record.get("server")):
-        speed_hf = random_hf(speed_spec, DTYPES[half], device)
         section(record, "server", budget, lambda: check_server(
-            device, dry, speed_hf, prompt, 8 if dry else 32, (1, 2) if dry else (1, 8, 64)))  # fmt: skip
-        del speed_hf
-    record["summary"] = summary(record)
-    record["markdown"] = markdown(record)
+            device, dry, speed_spec, half, prompt, 8 if dry else 32, (1, 2) if dry else (1, 8, 64)))  # fmt: skip
     budget.save(record)
     print(record["markdown"])
     where = f"record: {budget.path}" if budget.path else "no record written"
     print(f"\n{where} ({time.perf_counter() - budget.start:.0f} s)", file=sys.stderr)
-    failed = (
-        ("speed" in sections and not record["summary"]["correctness_ok"])
-        or ("server" in sections and not record["summary"]["server_greedy_identical"])
-        or (
-            "chapters" in sections
-            and (record["summary"]["chapters_on_cuda_ok"] is False or "error" in record["chapters"])
-        )
-    )
+    checks = {"speed": ("correctness", "correctness_ok"), "chapters": ("chapters",
+              "chapters_on_cuda_ok"), "server": ("server", "server_greedy_identical")}  # fmt: skip
+    failed = [  # a check that failed or broke; one the budget left for later is not a failure
+        name for name, (part, key) in checks.items()
+        if name in sections and (record["summary"][key] is False or "error" in record.get(part, {}))
+    ]  # fmt: skip
     return 1 if failed else 0
 
 
-def newest_record(folder: Path) -> Path | None:
-    """This machine's latest gpu_check record in `folder`, if any."""
+def newest_record(*folders: Path) -> Path | None:
+    """This machine's latest gpu_check record in `folders`, if any."""
     from memwall.bench.records import parse_record_name
     from memwall.machine.fingerprint import fingerprint_id, machine_fingerprint
 
     here = fingerprint_id(machine_fingerprint())
-    named = [(parsed.date, path) for path in folder.glob("gpu_check-*.json")
+    named = [(parsed.date, path) for folder in folders for path in folder.glob("gpu_check-*.json")
              if (parsed := parse_record_name(path.name)) and parsed.machine_id == here]  # fmt: skip
     return max(named)[1] if named else None
 

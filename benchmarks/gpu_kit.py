@@ -167,8 +167,11 @@ STAGE_CALL = 60  # a call between the first and the last only keeps its part
 def plan(manifest: dict, kit_dir: Path) -> str:
     """The device calls, in order: each carries one part; the first also times the engine (and
     the server's, if its budget is left), the last runs the chapters. The record is written to
-    $OUT (what comes back) and kept in /tmp/gpu-check between calls, so the last call adds to it.
-    A cold machine between calls loses the parts: start again at call 1."""
+    $OUT (what comes back) and kept in /tmp/gpu-check between calls, so the last call adds to it;
+    a record of this machine committed under benchmarks/results is added to too, so sessions
+    finish what an earlier one left (delete it to measure afresh; one measured with another
+    torch or model is left as it is). A cold machine between calls loses the parts: start again
+    at call 1."""
     relative = kit_dir.relative_to(ROOT) if kit_dir.is_relative_to(ROOT) else kit_dir
     check = "benchmarks/gpu_check.sh --results-dir $OUT"
     kept = "/tmp/gpu-check"
@@ -182,8 +185,8 @@ def plan(manifest: dict, kit_dir: Path) -> str:
         limit = STAGE_CALL
         if index == 1:
             limit, timeout, budget = SPEED_CALL
-            command += (f" && {{ timeout {timeout} {check} --sections speed,server --budget-s "
-                        f"{budget}; {keep}; }}")  # fmt: skip
+            command += (f" && {{ {resume} timeout {timeout} {check} --sections speed,server "
+                        f"--resume --budget-s {budget}; {keep}; }}")  # fmt: skip
         if last:
             limit, timeout, budget = CHAPTERS_CALL
             command += (f" && {{ {resume} PYTHONPATH={STORE / 'site'} timeout {timeout} {check} "

@@ -26,8 +26,10 @@ def gpu_check():
 
 
 @pytest.fixture
-def dry_run(gpu_check):
-    """gpu_check.main, whose dry run takes one core: the thread count restored after the test."""
+def dry_run(gpu_check, tmp_path_factory, monkeypatch):
+    """gpu_check.main, whose dry run takes one core: the thread count restored after the test;
+    no record of this checkout's (a dry run of a developer's) to add to."""
+    monkeypatch.setattr(gpu_check, "COMMITTED", tmp_path_factory.mktemp("committed"))
     threads = torch.get_num_threads()
     yield gpu_check.main
     torch.set_num_threads(threads)
@@ -113,13 +115,56 @@ def test_resume_keeps_what_an_earlier_call_measured_and_finishes_the_rest(dry_ru
         assert again[part] == record[part]
 
 
-def test_resume_refuses_a_record_measured_otherwise(dry_run, tmp_path):
+def test_resume_leaves_a_record_measured_otherwise_and_starts_its_own(dry_run, tmp_path):
+    # A record carried from an earlier session whose image had another torch, say: its numbers
+    # and this run's would not compare, and the call must not be lost either.
     from memwall.bench.records import save_record
 
-    path = save_record({"device": "cpu", "speed_model": "llama-3-8b"}, "gpu_check", tmp_path)
+    earlier = {"device": "cpu", "speed_model": "llama-3-8b", "date": "2026-12-01T10:00"}
+    path = save_record(earlier, "gpu_check", tmp_path)
     before = path.read_text()
     args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(tmp_path), "--resume"]
-    assert dry_run(args) == 2 and path.read_text() == before  # tiny here: nothing mixed in
+    assert dry_run(args) == 0 and path.read_text() == before  # tiny here: nothing mixed in
+    [new] = set(tmp_path.glob("gpu_check-*.json")) - {path}
+    assert json.loads(new.read_text())["speed_model"] == "tiny"
+
+
+def test_resume_adds_to_a_record_committed_from_an_earlier_session(dry_run, gpu_check, tmp_path):
+    # A session's device time ends before the check does; the next session on the same kind of
+    # GPU carries the committed record in the working tree and writes the continuation to $OUT.
+    from memwall.bench.records import save_record
+
+    earlier = {"device": "cpu", "device_name": "cpu (dry run)", "dtype": "bf16",
+               "speed_model": "tiny", "date": "2026-12-01T10:00",
+               "roofs": {"copy_bandwidth_gbps": 1234.0, "matmul_tflops": 5.0}}  # fmt: skip
+    committed = save_record(earlier, "gpu_check", gpu_check.COMMITTED)
+    before = committed.read_text()
+    out = tmp_path / "out"
+    args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(out), "--resume"]
+    assert dry_run([*args, "--budget-s", "0"]) == 0
+    record = json.loads((out / committed.name).read_text())
+    assert record["roofs"]["copy_bandwidth_gbps"] == 1234.0 and committed.read_text() == before
+
+
+def test_a_check_left_for_a_later_call_is_not_a_failure(dry_run, gpu_check, tmp_path, monkeypatch):
+    # Out of time before the server's section (or any): nothing failed, so the call exits 0,
+    # and the record saved along the way carries its summary and table.
+    args = ["--allow-cpu", "--sections", "speed,server", "--results-dir", str(tmp_path)]
+    assert dry_run([*args, "--budget-s", "0"]) == 0
+    [path] = tmp_path.glob("gpu_check-*.json")
+    record = json.loads(path.read_text())
+    assert record["server"] == {"skipped": "time budget spent"}
+    assert record["summary"]["server_greedy_identical"] is None and "| n/a |" in record["markdown"]
+    # An error (which may name anything) breaks no table; a section that broke is a failure.
+    record["decode"] = {"error": "KeyError: 'step_s'"}
+    summary = gpu_check.summary(record)
+    assert "engine, batch 1" not in gpu_check.markdown(record | {"summary": summary})
+
+    def broken(*arguments):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(gpu_check, "check_correctness", broken)
+    assert dry_run(["--allow-cpu", "--sections", "speed", "--results-dir", str(tmp_path)]) == 1
 
 
 def test_every_model_the_check_quantizes_takes_tinygemm_at_its_int4_group(gpu_check):
