@@ -24,8 +24,9 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
 `--sections speed` runs 1-5, `--sections chapters` runs 6, `--sections server` runs 7; `--resume`
 adds to the newest record of this machine (in `--results-dir`, or committed under
 benchmarks/results by an earlier session), so they can run in calls, and sessions, of a device
-tool that limits each one's time. What that record measured is kept (each section, decode label, batch size,
-peer and chapter that finished), so a call cut short is finished by the next one, not repeated.
+tool that limits each one's time. What that record measured is kept (each section, decode
+label, batch size, peer and chapter that finished), so a call cut short is finished by the next
+one, not repeated.
 
 Every section keeps the CUDA graph warnings it raised; `cudagraph_skips` in the summary counts
 those of a graph skipped (0 expected): torch then runs that step launch by launch, correct and
