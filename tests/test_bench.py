@@ -401,3 +401,20 @@ def test_a_given_engine_is_timed_and_left_as_it_was(tiny_hf, monkeypatch):
     after = engine.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_transformers_is_timed_over_every_token_asked_for(tiny_hf):
+    # generate fills an end-of-text token left None from the model's own generation config:
+    # when greedy decoding meets it, generate stops early, and the timing had too few tokens.
+    from memwall.bench.decode import time_hf
+
+    prompt = [5, 6, 7, 8]
+    with torch.inference_mode():
+        first = int(tiny_hf(torch.tensor([prompt])).logits[0, -1].argmax())
+    saved = tiny_hf.generation_config.eos_token_id
+    tiny_hf.generation_config.eos_token_id = first  # the very first token ends the text
+    try:
+        assert time_hf(tiny_hf, prompt, 6)["tpot_s"] > 0
+        assert tiny_hf.generation_config.eos_token_id == first  # the model's own config kept
+    finally:
+        tiny_hf.generation_config.eos_token_id = saved

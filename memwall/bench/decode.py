@@ -18,6 +18,7 @@ per output token as (time of the last token - time of the first) / (new_tokens -
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -324,22 +325,35 @@ class _TokenClock:
         pass
 
 
+@contextlib.contextmanager
+def without_end_of_text(hf_model):
+    """No end-of-text token while it lasts, so that `generate` makes exactly the tokens asked
+    for: it fills one left None in its config from the model's own generation config."""
+    config = hf_model.generation_config
+    saved, config.eos_token_id = config.eos_token_id, None
+    try:
+        yield
+    finally:
+        config.eos_token_id = saved
+
+
 @torch.inference_mode()
 def time_hf(hf_model, prompt: list[int], new_tokens: int) -> dict:
     from transformers import GenerationConfig
 
     device = next(hf_model.parameters()).device
     ids = torch.tensor([prompt], device=device)
-    # No end-of-sequence token, so it generates exactly new_tokens; an explicit mask, so no prompt
+    # No end-of-text token, so it generates exactly new_tokens; an explicit mask, so no prompt
     # token is mistaken for padding.
     config = GenerationConfig(
         max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
     )
     clock = _TokenClock(device)
     start = time.perf_counter()
-    hf_model.generate(
-        ids, attention_mask=torch.ones_like(ids), generation_config=config, streamer=clock
-    )
+    with without_end_of_text(hf_model):
+        hf_model.generate(
+            ids, attention_mask=torch.ones_like(ids), generation_config=config, streamer=clock
+        )
     times = clock.times[1:]  # the first put() is the prompt itself
     if len(times) != new_tokens:
         raise RuntimeError(f"transformers generated {len(times)} tokens, expected {new_tokens}")
