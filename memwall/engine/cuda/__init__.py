@@ -51,8 +51,7 @@ def with_twins(model: nn.Module, int4: bool = True) -> nn.Module:
     }
     if not swaps:
         return model
-    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    target = copy.deepcopy(model, memo=shared)  # new modules, the same tensors
+    target = tree_over(model)
     for name, module in swaps.items():
         parent, _, attr = name.rpartition(".")
         setattr(target.get_submodule(parent), attr, TinyGemmInt4Linear(module))
@@ -107,10 +106,13 @@ def with_bf16_buffers_widened(model: nn.Module) -> nn.Module:
     The layers cast their scales to the activations' dtype (or to fp32) either way, so the outputs
     do not change."""
     widened = {id(b): b.float() for b in model.buffers() if b.dtype == torch.bfloat16}
-    if not widened:
-        return model
+    return tree_over(model, widened) if widened else model
+
+
+def tree_over(model: nn.Module, replaced: dict | None = None) -> nn.Module:
+    """New modules over `model`'s tensors, those in `replaced` (id -> tensor) swapped for others."""
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    return copy.deepcopy(model, memo={**shared, **widened})
+    return copy.deepcopy(model, memo={**shared, **(replaced or {})})
 
 
 def native_half_dtype(device) -> torch.dtype:
