@@ -9,7 +9,7 @@ allowed to fail on its own (its error is recorded), each skipped once the time b
 2. correctness on a small SmolLM2-wide model: readable engine against transformers (fp32 and
    bf16 logits), compiled against readable (fp32 logits and greedy tokens; bf16, int8 and int4
    logits), every comparison but the greedy one on the same tokens;
-3. batch-1 decode of a Llama-3-8B shape (a smaller Llama where the GPU cannot hold two copies):
+3. batch-1 decode of a Llama-3-8B shape (a smaller Llama where the GPU cannot hold its copies):
    readable eager, compiled bf16, int8, int4 (tinygemm, group 128), next to the copy bandwidth;
 4. batch 1..256 with the compiled bf16 model, against the cost model's ceiling;
 5. transformers' eager `generate` and its static-cache `generate` (compiled by transformers on a
@@ -403,13 +403,10 @@ def hf_timing(hf, prompt, new_tokens, repeats, static: bool) -> dict:
     synchronises the device, as `memwall bench decode` times it."""
     from transformers import GenerationConfig
 
-    from memwall.bench.decode import _TokenClock
+    from memwall.bench.decode import _TokenClock, without_end_of_text
 
     device = next(hf.parameters()).device
     ids = torch.tensor([prompt], device=device)
-    # generate fills a field left None from the model's own config, whose end-of-text token a
-    # random model may well pick: every run must make all its tokens
-    hf.generation_config.eos_token_id = None
     options = {"cache_implementation": "static"} if static else {}
     config = GenerationConfig(
         max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, **options
@@ -417,7 +414,7 @@ def hf_timing(hf, prompt, new_tokens, repeats, static: bool) -> dict:
     runs = []
     for attempt in range(repeats + 1):  # the first compiles (static) or warms up
         clock = _TokenClock(device)
-        with torch.inference_mode():
+        with torch.inference_mode(), without_end_of_text(hf):
             hf.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                         streamer=clock)  # fmt: skip
         times = clock.times[1:]
@@ -534,25 +531,17 @@ def equal_requests(model, batch: int, prompt, new_tokens: int):
     return scheduler, lambda: scheduler.run([Request(i, prompt, new_tokens) for i in range(batch)])
 
 
-def scheduler_step_s(model, batch: int, prompt, new_tokens: int) -> float:
-    """Median seconds of the scheduler's decode steps with `batch` equal requests running; the
-    first run, untimed, compiles and records the graphs its batch and table widths need on the
-    scheduler's own paged pool, which the timed second run keeps."""
+def scheduler_step_s(model, batch: int, prompt, new_tokens: int):
+    """Median seconds of the scheduler's decode steps with `batch` equal requests running, and
+    a function that runs them again. The first run, untimed, compiles and records the graphs its
+    batch and table widths need on the scheduler's own paged pool, which later runs keep."""
     scheduler, run = equal_requests(model, batch, prompt, new_tokens)
     run()
     first = len(scheduler.step_times_s)
     run()
     # A run's first step admits and prefills; every later one decodes the whole batch (its
     # tokens read back).
-    return statistics.median(scheduler.step_times_s[first + 1 :])
-
-
-def scheduler_launches(model, batch: int, prompt, new_tokens: int) -> dict | None:
-    """`launches_per_step` of a scheduler's decode steps (its prefill step, eager, counted in),
-    on its second run: the graphs are recorded on its pool before the profiler starts."""
-    _, run = equal_requests(model, batch, prompt, new_tokens)
-    run()
-    return launches_per_step(run, new_tokens - 1)
+    return statistics.median(scheduler.step_times_s[first + 1 :]), run
 
 
 def check_server(device, dry, speed_spec, half, prompt, new_tokens, batches) -> dict:
@@ -569,11 +558,12 @@ def check_server(device, dry, speed_spec, half, prompt, new_tokens, batches) -> 
     engine = Transformer.from_hf(random_hf(speed_spec, DTYPES[half], device))
     fast = compiled(engine)
     for batch in batches:
-        readable_s = scheduler_step_s(engine, batch, prompt, new_tokens)
-        compiled_s = scheduler_step_s(fast, batch, prompt, new_tokens)
+        readable_s, _ = scheduler_step_s(engine, batch, prompt, new_tokens)
+        compiled_s, run = scheduler_step_s(fast, batch, prompt, new_tokens)
         out["rows"].append({"batch": batch, "readable_step_s": readable_s,
                             "compiled_step_s": compiled_s, "speedup": readable_s / compiled_s})  # fmt: skip
-    out["compiled_launches_per_step"] = scheduler_launches(fast, batches[-1], prompt, new_tokens)
+    # the last batch's steps once more, its graphs recorded before the profiler starts
+    out["compiled_launches_per_step"] = launches_per_step(run, new_tokens - 1)
     return out
 
 
@@ -610,8 +600,10 @@ class Budget:
             self.path = save_record(record, "gpu_check", self.results_dir)
             saved = json.loads(self.path.read_text())  # the fingerprint and date it added
             record.update({k: saved[k] for k in ("machine", "machine_id", "date")})
-        else:
-            self.path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        else:  # whole or not at all: `timeout` may stop the run mid-write
+            partial = self.path.with_name(self.path.name + ".part")
+            partial.write_text(json.dumps(record, indent=2, default=str) + "\n")
+            partial.replace(self.path)
 
 
 def summary(record: dict) -> dict:
@@ -849,7 +841,8 @@ def main(argv=None) -> int:
     new_tokens, repeats = (8, 1) if dry else (args.new_tokens, args.repeats)
     batches = (1, 2, 3) if dry else BATCHES
     prompt = [(100 + i) % speed_spec.vocab_size for i in range(32)]
-    earlier = newest_record(args.results_dir, COMMITTED) if args.resume else None
+    # this session's record first: its continuation of a committed one carries the same name
+    earlier = (newest_record(args.results_dir) or newest_record(COMMITTED)) if args.resume else None
     setting = {
         "device": device,
         "device_name": device_name,
@@ -905,13 +898,13 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def newest_record(*folders: Path) -> Path | None:
-    """This machine's latest gpu_check record in `folders`, if any."""
+def newest_record(folder: Path) -> Path | None:
+    """This machine's latest gpu_check record in `folder`, if any."""
     from memwall.bench.records import parse_record_name
     from memwall.machine.fingerprint import fingerprint_id, machine_fingerprint
 
     here = fingerprint_id(machine_fingerprint())
-    named = [(parsed.date, path) for folder in folders for path in folder.glob("gpu_check-*.json")
+    named = [(parsed.date, path) for path in folder.glob("gpu_check-*.json")
              if (parsed := parse_record_name(path.name)) and parsed.machine_id == here]  # fmt: skip
     return max(named)[1] if named else None
 

@@ -173,10 +173,18 @@ def plan(manifest: dict, kit_dir: Path) -> str:
     torch or model is left as it is). A cold machine between calls loses the parts: start again
     at call 1."""
     relative = kit_dir.relative_to(ROOT) if kit_dir.is_relative_to(ROOT) else kit_dir
-    check = "benchmarks/gpu_check.sh --results-dir $OUT"
     kept = "/tmp/gpu-check"
-    keep = f"mkdir -p {kept}; cp $OUT/*.json {kept}/ 2>/dev/null"
-    resume = f"cp {kept}/*.json $OUT/ 2>/dev/null;"
+    chapters_path = f"PYTHONPATH={STORE / 'site'} "
+
+    def check(sections: str, call: tuple[int, int, int], path: str = "") -> str:
+        """gpu_check in `$OUT`, adding to this session's record, which it keeps for the next
+        call; the call's status is gpu_check's (or `timeout`'s 124)."""
+        _, timeout, budget = call
+        return (f'cp {kept}/*.json "$OUT"/ 2>/dev/null; {path}timeout {timeout} '
+                f'benchmarks/gpu_check.sh --results-dir "$OUT" --sections {sections} --resume '
+                f'--budget-s {budget}; rc=$?; mkdir -p {kept}; cp "$OUT"/*.json {kept}/ '
+                "2>/dev/null; exit $rc")  # fmt: skip
+
     lines = [f"{manifest['parts']} device calls, each made as soon as the last returns (the "
              "machine stays warm 30 s), then give_back:"]  # fmt: skip
     for index in range(1, manifest["parts"] + 1):
@@ -184,21 +192,19 @@ def plan(manifest: dict, kit_dir: Path) -> str:
         command = "python3 benchmarks/gpu_kit.py stage" + (" --require-all" if last else "")
         limit = STAGE_CALL
         if index == 1:
-            limit, timeout, budget = SPEED_CALL
-            command += (f" && {{ {resume} timeout {timeout} {check} --sections speed,server "
-                        f"--resume --budget-s {budget}; {keep}; }}")  # fmt: skip
+            limit = SPEED_CALL[0]
+            command += f" && {{ {check('speed,server', SPEED_CALL)}; }}"
         if last:
-            limit, timeout, budget = CHAPTERS_CALL
-            command += (f" && {{ {resume} PYTHONPATH={STORE / 'site'} timeout {timeout} {check} "
-                        f"--sections chapters --resume --budget-s {budget}; {keep}; }}")  # fmt: skip
+            limit = CHAPTERS_CALL[0]
+            command += f" && {{ {check('chapters', CHAPTERS_CALL, chapters_path)}; }}"
         lines.append(f'  call {index}: timeout_s {limit}, carry ["{relative}/part-{index}"], '
                      f"command: {command}")  # fmt: skip
-    limit, timeout, budget = SPEED_CALL
-    lines.append(f"  only if status then shows more than {limit} s left, before give_back: what "
-                 f"call 1 left over, timeout_s {limit}, carry nothing, command: {resume} timeout "
-                 f"{timeout} {check} --sections speed,server --resume --budget-s {budget}; {keep}"
-                 " (what the record holds is kept); chapters left over: the last call's command"
-                 " again, without carry")  # fmt: skip
+    lines += ["  then, only while status shows more than a call's timeout_s left, before "
+              "give_back, what they left over (what the record holds is kept), carrying nothing:",
+              f"    sections: timeout_s {SPEED_CALL[0]}, command: "
+              f"{check('speed,server', SPEED_CALL)}",
+              f"    chapters: timeout_s {CHAPTERS_CALL[0]}, command: "
+              f"{check('chapters', CHAPTERS_CALL, chapters_path)}"]  # fmt: skip
     return "\n".join(lines)
 
 

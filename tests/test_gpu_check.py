@@ -142,8 +142,14 @@ def test_resume_adds_to_a_record_committed_from_an_earlier_session(dry_run, gpu_
     out = tmp_path / "out"
     args = ["--allow-cpu", "--sections", "speed", "--results-dir", str(out), "--resume"]
     assert dry_run([*args, "--budget-s", "0"]) == 0
-    record = json.loads((out / committed.name).read_text())
+    continued = out / committed.name  # the same name: the same record, carried on
+    record = json.loads(continued.read_text())
     assert record["roofs"]["copy_bandwidth_gbps"] == 1234.0 and committed.read_text() == before
+    # The session's next call adds to its own continuation, not to the committed record again.
+    record["correctness"] = {"ok": True, "marked": "measured by this session's first call"}
+    continued.write_text(json.dumps(record))
+    assert dry_run([*args, "--budget-s", "0"]) == 0
+    assert json.loads(continued.read_text())["correctness"]["marked"]
 
 
 def test_a_check_left_for_a_later_call_is_not_a_failure(dry_run, gpu_check, tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ def test_the_kit_leaves_the_images_packages_and_fits_each_part_in_its_call(kit, 
     assert "--sections speed,server --resume" in plan  # what the first call left, finished
     commands = [line.split("command: ")[1] for line in plan.splitlines() if "command: " in line]
     checks = [c for c in commands if "gpu_check.sh" in c]
-    assert len(checks) == 3 and all("--results-dir $OUT" in c for c in checks)  # comes back
+    assert len(checks) == 4 and all('--results-dir "$OUT"' in c for c in checks)  # comes back
+    assert all(c.endswith("exit $rc; }") or c.endswith("exit $rc") for c in checks)  # its status
     assert all(len(c) <= 2000 for c in commands)
     # The two calls the real kit takes (the model alone fills one) fit a session's device time
     # with the machine's start and a gap between them, and each command ends before its call.
