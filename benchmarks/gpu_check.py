@@ -339,10 +339,13 @@ def check_decode(models, record, prompt, new_tokens, repeats, copy_gbps, budget)
     # launch-bound: a few tokens are enough
     run("readable_eager", lambda: models()["engine"], tokens=min(new_tokens, 16), runs=1)
     run("compiled", lambda: models()["fast"])
+
+    def quantized(fmt):
+        engine = models()["engine"]
+        return compiled(quantize(engine, fmt, group_size=int4_group(engine), inplace=False))
+
     for fmt in ("int8", "int4"):  # each copy let go once timed
-        run(f"compiled_{fmt}", lambda fmt=fmt: compiled(
-            quantize(models()["engine"], fmt, group_size=int4_group(models()["engine"]),
-                     inplace=False)))  # fmt: skip
+        run(f"compiled_{fmt}", lambda fmt=fmt: quantized(fmt))
 
 
 # ---- 4. batch 1..256 -----------------------------------------------------------------------------
