@@ -53,6 +53,16 @@ def test_shared_weights_are_one_copy_and_change_no_logit(tied):
     assert share_weights(engine, hf) == 0  # a second call finds nothing left to share
 
 
+def test_a_tied_head_stays_one_parameter_after_sharing():
+    from memwall.bench.workload import hf_weight_bytes_per_step
+
+    hf = tiny_model(tied=True)
+    before = hf_weight_bytes_per_step(hf)
+    share_weights(Transformer.from_hf(hf), hf)
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    assert hf_weight_bytes_per_step(hf) == before  # the table is read once, not twice
+
+
 def test_a_tied_head_shares_the_embedding_inside_the_engine():
     engine = Transformer.from_hf(tiny_model(tied=True))
     assert engine.lm_head.weight is engine.embed.weight

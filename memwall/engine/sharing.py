@@ -31,8 +31,14 @@ from torch import nn
 from memwall.engine.linear import Linear
 
 
-def _rebind(module: nn.Module, name: str, tensor: torch.Tensor | None, released: dict) -> None:
-    """Make `module.name` a parameter viewing `tensor`; note the old tensor in `released`."""
+def _rebind(
+    module: nn.Module, name: str, tensor: torch.Tensor | None, released: dict, made: dict
+) -> None:
+    """Make `module.name` a parameter viewing `tensor`; note the old tensor in `released`.
+
+    `made` holds the parameter already made for an engine tensor: a tied head and its embedding
+    get the same one, so they stay one parameter (counted once by `parameters()`, kept tied by a
+    copy), as they were in the transformers model."""
     old = getattr(module, name, None)
     if not isinstance(old, torch.Tensor) or not isinstance(tensor, torch.Tensor):
         return
@@ -40,7 +46,10 @@ def _rebind(module: nn.Module, name: str, tensor: torch.Tensor | None, released:
         return
     if old.data_ptr() == tensor.data_ptr():
         return  # already shared
-    setattr(module, name, nn.Parameter(tensor, requires_grad=False))
+    key = (tensor.data_ptr(), tensor.shape, tensor.stride())  # the same bytes seen the same way
+    if key not in made:
+        made[key] = nn.Parameter(tensor, requires_grad=False)
+    setattr(module, name, made[key])
     released[old.data_ptr()] = old.numel() * old.element_size()  # a tied tensor counts once
 
 
@@ -88,8 +97,9 @@ def share_weights(engine: nn.Module, hf_model: nn.Module) -> int:
     tensors, e.g. no autograd graph from an earlier forward pass without torch.no_grad()).
     """
     released: dict[int, int] = {}
+    made: dict[tuple, nn.Parameter] = {}
     for module, name, tensor in weight_pairs(engine, hf_model):
-        _rebind(module, name, tensor, released)
+        _rebind(module, name, tensor, released, made)
     return sum(released.values())
 
 
