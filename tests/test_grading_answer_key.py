@@ -182,3 +182,17 @@ def test_the_grader_flags_a_pasted_solution_body_with_renamed_variables():
     assert "block_tables matches the answer key's" in " ".join(
         copied_flags([pasted], book.key_prints())
     )
+
+
+def test_the_instructors_guide_names_checks_and_key_functions_that_exist():
+    guide = (REPO / "book" / "instructors.md").read_text()
+    named = set(re.findall(r"\b(ch\d\d)\.([a-z_]+)\b", guide))
+    missing = []
+    for chapter, name in named:
+        solution = list((REPO / "solutions").glob(f"{chapter[2:]}_*.md"))
+        if not solution:  # the guide's worked example of a new chapter (ch10)
+            continue
+        key = (KEY / f"{chapter}.py").read_text()
+        if f'check("{chapter}.{name}"' not in solution[0].read_text() and f"def {name}(" not in key:
+            missing.append(f"{chapter}.{name}")
+    assert named and not missing, missing
