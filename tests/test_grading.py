@@ -161,7 +161,8 @@ EXPECTED = {
     "carol": ([1, 0, 0], "ok"),
     "dave": ([0, 0, 0], "ok"),
     "erin": ([0, 0, 0], "wrong chapter: contains 01_other exercises"),
-    "frank": ([], "wrong chapter: no solution for 07_xyz"),
+    "fay": ([], "wrong chapter: no solution for 07_xyz"),
+    "frank": ([1, 2, 2], "chapter read from the notebook (file frank__07_xyz (1).ipynb)"),
     "gina": ([0, 0, 0], "not JSON"),
     "hank": ([0, 0, 0], "empty file"),
     "ivan": ([0, 0, 0], "empty notebook"),
@@ -178,7 +179,11 @@ EXPECTED = {
     ),
     "nora": ([0, 2, 2], f"cell timeout ({CELL_TIMEOUT} s)"),
     "olga": ([1, 2, 2], "ok"),
-    "pat_00_demo": ([], "bad file name: expected <student>__NN_slug.ipynb"),
+    "pat_00_demo": (
+        [],
+        "bad file name: expected <student>__NN_slug.ipynb (it holds 00_demo: rename it after "
+        "its student)",
+    ),
     "quinn": ([1, 2, 2], "ok"),
     # Records written from inside the run decide nothing now (the grader judges each check
     # itself), so the forged passes are simply without effect: no flag needed.
@@ -193,7 +198,10 @@ def make_submissions(folder: Path):
     write(folder, f"carol__{CHAPTER}.ipynb", answered(ex1=RIGHT["ex1"], ex2=WRONG["ex2"]))
     write(folder, f"dave__{CHAPTER}.ipynb", answered(**WRONG))
     write(folder, f"erin__{CHAPTER}.ipynb", other_chapter())
-    write(folder, "frank__07_xyz.ipynb", answered(**RIGHT))
+    write(folder, "frank__07_xyz (1).ipynb", answered(**RIGHT))  # a renamed copy of 00_demo
+    unmarked = answered(**RIGHT)
+    del unmarked.metadata["memwall"]  # no record of the chapter it was made from
+    write(folder, "fay__07_xyz.ipynb", unmarked)
     (folder / f"gina__{CHAPTER}.ipynb").write_text("this is not a notebook {")
     (folder / f"hank__{CHAPTER}.ipynb").write_bytes(b"")
     write(folder, f"ivan__{CHAPTER}.ipynb", nbformat.v4.new_notebook())
@@ -258,9 +266,15 @@ def test_csv_has_one_row_per_notebook_and_a_column_per_check(graded):
     assert by_student["carol"]["total"] == "1" and by_student["carol"]["max"] == "5"
     assert by_student["alice"]["demo.matmul_intensity"] == "2"
     assert (
-        by_student["frank"]["notebook"] == "07_xyz.ipynb"
-        and by_student["frank"]["demo.matrix_bytes"] == ""
+        by_student["fay"]["notebook"] == "07_xyz.ipynb"
+        and by_student["fay"]["demo.matrix_bytes"] == ""
     )
+    assert by_student["frank"]["notebook"] == f"{CHAPTER}.ipynb"
+
+
+def test_files_that_could_not_be_graded_are_marked_so(graded):
+    ungraded = {row.student for row in graded["rows"] if not row.graded}
+    assert ungraded == {"erin", "fay", "gina", "hank", "ivan", "pat_00_demo", "roy"}
 
 
 def test_feedback_names_the_failing_case_without_ansi_codes(graded):
@@ -362,7 +376,8 @@ def test_the_command_line_grades_a_folder(tmp_path):
          "--jobs", "2", "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # a file that could not be graded
+    assert "could not grade alice, 00_demo.ipynb: not JSON" in result.stderr
     (row,) = json.loads(result.stdout)
     assert (row["total"], row["max"], row["status"]) == (0, 5, "not JSON")
     assert (tmp_path / "grades.csv").read_text().splitlines()[

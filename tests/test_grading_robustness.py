@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 
@@ -309,6 +310,39 @@ def test_duplicate_feedback_names_do_not_overwrite_each_other(tmp_path):
         "ann__00_demo-2.txt",
         "ann__00_demo.txt",
     ]
+
+
+def test_a_rerun_keeps_the_earlier_results_under_numbered_names(tmp_path):
+    for run in ("first", "second", "third"):
+        writer = ReportWriter(tmp_path / "g.csv", tmp_path / "feedback")
+        row = GradeRow(run, "00_demo.ipynb", "00_demo", status="ok")
+        row.feedback_name = f"{run}__00_demo.txt"
+        writer.add(row)
+        writer.finish()
+    assert "first" in (tmp_path / "g.csv.~1~").read_text()
+    assert "second" in (tmp_path / "g.csv.~2~").read_text()
+    assert "third" in (tmp_path / "g.csv").read_text()
+    assert (tmp_path / "g.summary.md.~1~").is_file()
+    assert [p.name for p in (tmp_path / "feedback.~1~").iterdir()] == ["first__00_demo.txt"]
+    assert [p.name for p in (tmp_path / "feedback").iterdir()] == ["third__00_demo.txt"]
+
+
+def test_a_renamed_copy_is_graded_as_the_chapter_it_was_made_from(tmp_path):
+    copy = nbformat.v4.new_notebook(metadata={"memwall": {"generated_from": "03_memory_wall.md"}})
+    copy.cells.append(nbformat.v4.new_code_cell("x = 1"))
+    for name in ("ann__03_memory_wall (1).ipynb", "bob/Copy of 03_memory_wall.IPYNB",
+                 "03_memory_wall (1).ipynb"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        nbformat.write(copy, tmp_path / name)
+    found, skipped = find_submissions(tmp_path, chapters={"03_memory_wall"})
+    assert not skipped
+    assert [(s.student, s.chapter, s.renamed) for s in found] == [
+        ("03_memory_wall (1)", "", False),  # no student part: whose it is cannot be guessed
+        ("ann", "03_memory_wall", True),
+        ("bob", "03_memory_wall", True),
+    ]
+    found, _ = find_submissions(tmp_path)  # without the solutions' names, nothing is read
+    assert [s.chapter for s in found] == ["", "03_memory_wall (1)", "Copy of 03_memory_wall"]
 
 
 # ---- before grading ---------------------------------------------------------------------------

@@ -29,7 +29,13 @@ from memwall.grading.restore import restore_submission
 from memwall.grading.sandbox import Limits, Sandbox
 from memwall.grading.scoring import CheckResult, explain_failure, last_line, run_notes, score_checks
 from memwall.grading.serve_cells import serve_checks
-from memwall.grading.submissions import Submission, find_submissions, read_submission
+from memwall.grading.submissions import (
+    Submission,
+    find_submissions,
+    notebook_chapter,
+    read_submission,
+    recorded_chapter,
+)
 from memwall.grading.sync import notebooks_in, read_notebook
 from memwall.grading.tampering import tampering_flags
 
@@ -122,8 +128,8 @@ def _grade_locked(submissions_dir, out_csv, feedback_dir, solutions_dir, progres
 
     started = time.monotonic()
     writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
-    submissions, skipped = find_submissions(submissions_dir)
     solutions = SolutionBook(solutions_dir)
+    submissions, skipped = find_submissions(submissions_dir, solutions.chapters())
     use_key(solutions.find_key())  # the references: beside the solutions, never in the package
     pool = ThreadPoolExecutor(max_workers=jobs)
     futures = {pool.submit(grade_submission, s, solutions, options): s for s in submissions}
@@ -186,6 +192,9 @@ class SolutionBook:
             self._key_prints = key_fingerprints(self.key_folder, sources)
         return self._key_prints
 
+    def chapters(self) -> set:
+        return {path.stem for path in notebooks_in(self.folder)}
+
     def get(self, chapter):
         if chapter not in self._cache:
             paths = {path.stem: path for path in notebooks_in(self.folder)}
@@ -208,8 +217,12 @@ def grade_submission(submission: Submission, solutions, options: Options) -> Gra
 
 
 def _grade_into(row, submission, solutions, options, deadline):
+    row.graded = False  # until the notebook runs: every early return below is "not graded"
     if not submission.chapter:
-        row.status = "bad file name: expected <student>__NN_slug.ipynb"
+        holds = notebook_chapter(submission.path)
+        row.status = "bad file name: expected <student>__NN_slug.ipynb" + (
+            f" (it holds {holds}: rename it after its student)" if holds else ""
+        )
         return
     solution = solutions.get(submission.chapter)
     if solution is None:
@@ -220,7 +233,7 @@ def _grade_into(row, submission, solutions, options, deadline):
     ]
     row.max_points = sum(result.points for result in row.checks)
     if submission.problem:
-        row.status, row.graded = submission.problem, False
+        row.status = submission.problem
         return
     nb, problem = read_submission(submission.path)
     if problem:
@@ -230,6 +243,7 @@ def _grade_into(row, submission, solutions, options, deadline):
     if restored.matched_exercises == 0:
         row.status = wrong_chapter_status(nb, submission.chapter)
         return
+    row.graded = True
     # The scan is linear in the code's length and its time counts against the notebook's.
     flags = tampering_flags(restored.student_sources)
     flags += copied_flags(restored.student_sources, solutions.key_prints())
@@ -237,6 +251,8 @@ def _grade_into(row, submission, solutions, options, deadline):
     checks = {name: get_check(name) for _, name, _ in check_cells(notebook)}
     run, verdicts = run_with_channel(notebook, checks, options, deadline - time.monotonic())
     notes = restored.notes + run_notes(run, options.cell_timeout, options.timeout)
+    if submission.renamed:
+        notes.insert(0, f"chapter read from the notebook (file {submission.path.name})")
     notes += [f"review: {flag}" for flag in flags]
     row.checks = score_checks(notebook, run, verdicts, options.timeout)
     if not run.cells and not run.wall_timeout and not verdicts:
@@ -269,11 +285,7 @@ def run_with_channel(notebook, checks, options, wall_timeout):
 
 
 def wrong_chapter_status(nb, chapter) -> str:
-    source = (
-        nb.metadata.get("memwall", {}).get("generated_from")
-        if isinstance(nb.metadata.get("memwall"), dict)
-        else None
-    )
-    if source and Path(str(source)).stem != chapter:
-        return f"wrong chapter: contains {Path(str(source)).stem} exercises"
+    holds = recorded_chapter(nb)
+    if holds and holds != chapter:
+        return f"wrong chapter: contains {holds} exercises"
     return f"wrong chapter: no exercise of {chapter} found"

@@ -2,13 +2,17 @@
 a one-page Markdown summary for the instructor beside the CSV (``summary.py``).
 
 Everything is written atomically (safe_files.write_atomically) and again each time a row
-finishes, so the CSV always holds every finished row. A cell that a spreadsheet would run as a
+finishes, so the CSV always holds every finished row. Results of an earlier run at the same
+paths (the CSV, its summary, the feedback folder) are kept under numbered names (``grades.csv``
+-> ``grades.csv.~1~``, as ``cp --backup=numbered`` does) before the first row is written: a rerun
+for a late submission never loses the class's grades, and no stale feedback file is mixed in. A cell that a spreadsheet would run as a
 formula (starting with = + - @, a tab or a carriage return) gets a leading apostrophe. A
 feedback file is cut at FEEDBACK_MAX_CHARACTERS.
 """
 
 import csv
 import io
+import sys
 from pathlib import Path
 
 from memwall.grading.names import printable, printable_lines, readable
@@ -35,8 +39,23 @@ class ReportWriter:
         if feedback_dir is not None and Path(feedback_dir).exists():
             if not Path(feedback_dir).is_dir():
                 raise ValueError(f"{feedback_dir} exists and is not a folder")
+        self.kept = None  # earlier results moved aside (path -> its numbered name), once
+
+    def _keep_earlier(self):
+        """Move an earlier run's results aside, just before this run writes its first."""
+        if self.kept is not None:
+            return
+        self.kept = {}
+        earlier = [self.out_csv, summary_path(self.out_csv)]
+        if self.feedback_dir is not None:
+            earlier.append(Path(self.feedback_dir))
+        for path in earlier:
+            if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+                self.kept[path] = keep_aside(path)
+                print(f"kept the earlier {path} as {self.kept[path]}", file=sys.stderr)
 
     def add(self, row):
+        self._keep_earlier()
         name, number = row.feedback_name, 2
         while name in self._feedback_names:  # duplicates would overwrite each other's feedback
             name, number = f"{Path(row.feedback_name).stem}-{number}.txt", number + 1
@@ -54,8 +73,18 @@ class ReportWriter:
         write_csv(self.rows, self.out_csv)
 
     def finish(self):
+        self._keep_earlier()
         write_csv(self.rows, self.out_csv)
         write_summary(self.rows, self.out_csv)  # the instructor's one-page overview
+
+
+def keep_aside(path: Path) -> Path:
+    """Rename `path` to the first free `path.~N~`, and return that name."""
+    number = 1
+    while (backup := path.with_name(f"{path.name}.~{number}~")).exists():
+        number += 1
+    path.rename(backup)
+    return backup
 
 
 class OutputLock:
@@ -150,8 +179,11 @@ def print_summary(rows, skipped, out_csv, feedback_dir, seconds):
     for row in problems:
         print(printable(f"  {row.student}, {row.notebook}: {row.status}"))
     if skipped:
-        names = ", ".join(readable(p.name) for p in skipped[:5])
-        print(f"skipped {len(skipped)} files that are not notebooks: {names}")
+        names = ", ".join(readable(p.name) for p in skipped)
+        print(
+            f"skipped {len(skipped)} files that are not notebooks (unpack archives; "
+            f"a student's folder holds notebooks, not folders): {names}"
+        )
 
 
 def number(value):

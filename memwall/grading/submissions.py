@@ -11,6 +11,10 @@ Unicode NFC, so "José" typed two ways is one student; a name that is not UTF-8 
 is read as Latin-1, and control characters never reach the CSV or the terminal (names.py). A symbolic link (file or student folder)
 is refused rather than followed: it could point at another student's work or at the solutions.
 Two files for the same student and chapter are both reported as duplicates, not graded.
+
+A renamed copy of a chapter's notebook (``alice__03_memory_wall (1).ipynb``,
+``alice/Copy of 03_memory_wall.ipynb``, another letter case) is graded as the chapter its own
+metadata names: every student copy records the solution it was made from (``generated_from``).
 """
 
 import json
@@ -35,6 +39,7 @@ class Submission:
     chapter: str  # "" when the file name does not say
     path: Path
     problem: str = ""  # set when the file must not be graded (a link, a duplicate)
+    renamed: bool = False  # the chapter was read from the notebook, not from its file name
 
     @property
     def notebook(self) -> str:
@@ -45,8 +50,9 @@ class Submission:
         return feedback_file_name(self.student, self.chapter or nfc(self.path.stem))
 
 
-def find_submissions(folder) -> tuple:
-    """(submissions sorted by student and chapter, paths that were skipped)."""
+def find_submissions(folder, chapters=None) -> tuple:
+    """(submissions sorted by student and chapter, paths that were skipped). With `chapters`
+    (the solutions' names), a file whose name holds none of them takes its notebook's."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no submissions folder {folder}")
@@ -77,6 +83,8 @@ def find_submissions(folder) -> tuple:
             )
         else:
             skipped.append(path)
+    if chapters is not None:
+        found = [chapter_from_notebook(s, chapters) for s in found]
     found = mark_duplicates(found)
     return sorted(found, key=lambda s: (s.student, s.chapter, s.path.name)), skipped
 
@@ -96,6 +104,29 @@ def mark_duplicates(found) -> list:
     return marked
 
 
+def chapter_from_notebook(submission: Submission, chapters) -> Submission:
+    """`submission` with the chapter its notebook was made from, when its file name holds no
+    chapter of `chapters` but the notebook is a copy of one. A file whose name names no student
+    keeps its empty chapter: whose work it is cannot be guessed."""
+    if submission.problem or not submission.chapter or submission.chapter in chapters:
+        return submission
+    chapter = notebook_chapter(submission.path)
+    return replace(submission, chapter=chapter, renamed=True) if chapter in chapters else submission
+
+
+def notebook_chapter(path: Path) -> str:
+    """The chapter the notebook at `path` records ("" if none, or not a notebook)."""
+    nb, _ = read_submission(path)
+    return recorded_chapter(nb) if nb is not None else ""
+
+
+def recorded_chapter(nb) -> str:
+    """The chapter a student copy records it was made from ("" if none)."""
+    marks = nb.metadata.get("memwall")
+    source = marks.get("generated_from") if isinstance(marks, dict) else None
+    return nfc(Path(str(source)).stem) if source else ""
+
+
 def split_name(stem: str) -> tuple:
     """(student, chapter) of ``student__chapter``, each made readable ("" when no separator)."""
     student, _, chapter = stem.rpartition(SEPARATOR)
@@ -111,7 +142,7 @@ def is_notebook(path: Path) -> bool:
     return (
         not path.is_symlink()
         and path.is_file()
-        and path.suffix == ".ipynb"
+        and path.suffix.lower() == ".ipynb"
         and not path.name.startswith(".")
     )
 
@@ -123,7 +154,8 @@ def read_submission(path: Path):
     try:
         data = read_regular(path, MAX_NOTEBOOK_BYTES)
     except UnsafeFile as error:
-        return None, f"refused: {error}"
+        hint = " (clear its outputs and hand it in again)" if "is over" in str(error) else ""
+        return None, f"refused: {error}{hint}"
     if not data.strip():
         return None, "empty file"
     try:
