@@ -156,7 +156,7 @@ def other_chapter():
 
 # student -> (points per check in notebook order, status)
 EXPECTED = {
-    "alice": ([1, 2, 2], "ok"),
+    "alice": ([1, 2, 2], "review: holds the solution notebooks' marker '### BEGIN SOLUTION'"),
     "bob": ([0, 0, 0], "ok"),
     "carol": ([1, 0, 0], "ok"),
     "dave": ([0, 0, 0], "ok"),

@@ -126,6 +126,10 @@ def test_a_renamed_copy_of_a_reference_is_flagged_and_an_own_answer_is_not():
             return owned
     """)
     assert copied_flags([own], key_prints) == []
+    pasted = "def tpot(times):\n    ### BEGIN SOLUTION\n    return times[1] - times[0]\n"
+    assert copied_flags([pasted], key_prints) == [
+        "holds the solution notebooks' marker '### BEGIN SOLUTION'"
+    ]
 
 
 def test_hints_name_the_idea_not_the_finished_expression():

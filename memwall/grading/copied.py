@@ -5,13 +5,15 @@ variable and argument renamed by order of first use (``a``, ``b``... become ``v0
 and the function's own name dropped. Attribute names, constants and the shape of the code stay.
 A student function whose fingerprint equals one of the key's (its ``reference_*`` functions and
 the solution bodies) is flagged. Short functions (under five statements) are skipped: a formula is what every right answer
-looks like, so matching it proves nothing.
+looks like, so matching it proves nothing. Code that still holds the solution notebooks' own
+markers (``### BEGIN SOLUTION``) was pasted from them, whatever its length, and is flagged too.
 """
 
 import ast
 import hashlib
 from pathlib import Path
 
+from memwall.grading.cells import BEGIN_SOLUTION
 from memwall.grading.syntax import parse
 
 # Below these a function is too short to tell copying from knowing the answer: a formula of
@@ -53,6 +55,8 @@ def copied_flags(student_sources, key_prints: dict) -> list:
     """Review notes, one per student function that matches the key's code."""
     notes = []
     for source in student_sources:
+        if BEGIN_SOLUTION in source:
+            notes.append(f"holds the solution notebooks' marker {BEGIN_SOLUTION!r}")
         for print_, name in fingerprints(source).items():
             if print_ in key_prints:
                 notes.append(f"{name} matches the answer key's {key_prints[print_]}")
