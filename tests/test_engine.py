@@ -14,6 +14,7 @@ from memwall.engine import (
     prefill,
     probabilities,
 )
+from memwall.engine.sampling import sample
 
 TOLERANCE = 1e-4  # max abs difference of fp32 logits
 
@@ -134,6 +135,25 @@ def test_top_p_keeps_smallest_nucleus():
     assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
     with pytest.raises(ValueError):
         Sampling(top_p=0)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-30, 1e-6])
+def test_a_tiny_temperature_is_a_distribution_or_greedy_never_nan(temperature):
+    logits = torch.tensor([[3.0, 1.0, -2.0, 3.0 - 1e-3]])
+    sampling = Sampling(temperature=temperature)
+    if not sampling.greedy:
+        probs = probabilities(logits, sampling)
+        assert torch.isfinite(probs).all() and probs[0, 0] == 1
+    assert sample(logits, sampling).item() == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(temperature=float("nan")), dict(temperature=float("inf")), dict(seed=2**64)],
+)
+def test_sampling_refuses_values_it_cannot_use(options):
+    with pytest.raises(ValueError):
+        Sampling(**options)
 
 
 def test_the_readable_linear_is_f_linear():

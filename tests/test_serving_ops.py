@@ -360,3 +360,30 @@ def test_serve_warns_when_it_listens_beyond_loopback_without_a_key():
         env=env | {"MEMWALL_API_KEY": "k"},
     )
     assert keyed.returncode == 2 and "without an API key" not in keyed.stderr
+
+
+def test_requests_that_broke_the_server_get_an_answer_each(tiny_engine):
+    def post(body: bytes):
+        status, data, _ = raw(server, "POST", "/v1/completions", body)
+        return status, json.loads(data)
+
+    with tiny_server(tiny_engine, max_batch=4) as server:
+        server.service.longest_token = 1  # ByteTokenizer's: one character a token
+        # T that rounds to 0 in float32 is the greedy limit, not NaN for every request in flight
+        status, body = post(b'{"prompt": "hi", "temperature": 1e-300, "max_tokens": 3}')
+        assert status == 200 and body["usage"]["completion_tokens"] == 3
+        for request, words in [
+            (b'{"prompt": "\\ud800", "max_tokens": 2}', "lone surrogate"),
+            (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),
+            (b'{"prompt": "hi", "model": 5}', "'model' must be a string"),
+            (b'{"prompt": "hi", "max_completion_tokens": 0}', "'max_completion_tokens'"),
+            (json.dumps({"prompt": "x" * 5000}).encode(), "longer than this server's limit"),
+        ]:
+            status, body = post(request)
+            assert status == 400 and words in body["error"]["message"], (request[:40], body)
+        status, data, _ = raw(server, "GET", "/v1/models/tiny")
+        assert status == 200 and json.loads(data)["id"] == "tiny"
+        assert raw(server, "GET", "/v1/models/other")[0] == 404
+        status, data, _ = raw(server, "DELETE", "/v1/completions")
+        assert status == 405 and "error" in json.loads(data)
+        assert server.loop.failures == 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# Below this, logits / T overflow float32 (or T rounds to 0): the T -> 0 limit, greedy, is taken.
+GREEDY_BELOW = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
@@ -14,19 +18,23 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must lie in [-2**63, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The distribution a token is drawn from: softmax(logits / T), cut to the top-p nucleus."""
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    logits = logits.float()
+    # The largest logit becomes 0 first, so a small T sends the others to -inf, never to NaN.
+    probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / sampling.temperature, -1)
     if sampling.top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept).

@@ -99,12 +99,23 @@ def _stop_strings(body) -> list[str]:
     return stops
 
 
+def _text(text: str, param: str) -> str:
+    """`text` if it can be encoded (JSON's \\ud800 escapes decode to lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(
+            f"'{param}' holds a lone surrogate (\\ud800-\\udfff), which is not text", param
+        ) from None
+    return text
+
+
 def _completion_prompt(body, tokenizer, vocab_size) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
-        return list(tokenizer(prompt).input_ids)
+        return list(tokenizer(_text(prompt, "prompt")).input_ids)
     if (
         isinstance(prompt, list)
         and prompt
@@ -134,7 +145,7 @@ def _chat_prompt(body, tokenizer) -> list[int]:
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise bad("each message's 'content' must be a string", "messages")
-        plain.append({"role": message["role"], "content": content})
+        plain.append({"role": message["role"], "content": _text(content, "messages")})
     try:
         ids = tokenizer.apply_chat_template(
             plain, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -146,11 +157,23 @@ def _chat_prompt(body, tokenizer) -> list[int]:
     return list(ids)
 
 
-def parse(body, chat: bool, tokenizer, model_name: str, max_tokens_limit: int, vocab_size: int):
-    """Check a request body; return Params or raise ApiError (400, or 404 for an unknown model)."""
+def parse(
+    body,
+    chat: bool,
+    tokenizer,
+    model_name: str,
+    max_tokens_limit: int,
+    vocab_size: int,
+    longest_token: int | None = None,
+):
+    """Check a request body; return Params or raise ApiError (400, or 404 for an unknown model).
+    `longest_token`: the most characters one token covers; a prompt with more characters than
+    that many tokens could hold is refused before it is tokenized (which takes seconds)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {model!r}", "model")
     if model is not None and model != model_name:
         raise ApiError(
             404,
@@ -168,6 +191,15 @@ def parse(body, chat: bool, tokenizer, model_name: str, max_tokens_limit: int, v
         top_p=float(_number(body, "top_p", 1.0, 1e-9, 1)),
         seed=_number(body, "seed", None, -(2**63), 2**64 - 1, integer=True),
     )
+    if longest_token and _characters(body.get("messages" if chat else "prompt")) > (
+        max_tokens_limit * longest_token
+    ):
+        raise ApiError(
+            400,
+            f"the prompt is longer than this server's limit of {max_tokens_limit} tokens",
+            param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
     prompt = (
         _chat_prompt(body, tokenizer) if chat else _completion_prompt(body, tokenizer, vocab_size)
     )
@@ -178,7 +210,9 @@ def parse(body, chat: bool, tokenizer, model_name: str, max_tokens_limit: int, v
             f"{max_tokens_limit - 1} (prompt + max_tokens <= {max_tokens_limit})",
             "messages" if chat else "prompt",
         )
-    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+    limit_name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
     default = room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
     max_tokens = _number(body, limit_name, default, 1, 2**31, integer=True)
     if len(prompt) + max_tokens > max_tokens_limit:
@@ -202,6 +236,17 @@ def parse(body, chat: bool, tokenizer, model_name: str, max_tokens_limit: int, v
         include_usage=_flag(options or {}, "include_usage"),
         ignore_eos=_flag(body, "ignore_eos"),
     )
+
+
+def _characters(value) -> int:
+    """Characters of text in a prompt or a list of messages (0 for anything else)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_characters(part) for part in value.values())
+    if isinstance(value, list):
+        return sum(_characters(part) for part in value)
+    return 0
 
 
 # ---- response bodies --------------------------------------------------------------------------

@@ -17,10 +17,10 @@ a graceful shutdown calls it once the requests in flight had their time to finis
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,6 +28,7 @@ from memwall.engine.sampling import Sampling
 from memwall.engine.scheduler import Request, Scheduler
 from memwall.serving.metrics import ServingMetrics
 
+log = logging.getLogger("memwall.serving")
 HISTORY_STEPS = 100_000  # per-step records kept, so a server that runs for days stays small
 
 
@@ -187,9 +188,10 @@ class EngineLoop:
             if not scheduler.idle:
                 try:
                     scheduler.step()
-                except Exception:  # never leave a client waiting forever on a dead engine
+                except Exception as error:  # never leave a client waiting on a dead engine
                     self.failures += 1
-                    self._end_everything("error", traceback.format_exc(limit=3))
+                    log.error("the engine's step failed", exc_info=True)  # the server's log
+                    self._end_everything("error", f"{type(error).__name__}: {error}")
             with self._wake:
                 self._publish()
             self._trim_history()

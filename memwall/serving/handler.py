@@ -24,6 +24,8 @@ from memwall.serving.engine_loop import QueueFull
 
 log = logging.getLogger("memwall.serving")
 MAX_BODY_BYTES = 4 * 2**20  # larger bodies get 413 without being read
+# A client that stops sending (or reading) for this long is let go: it would hold a thread.
+SOCKET_TIMEOUT_S = 60
 RETRY_AFTER_S = 1
 CLIENT_GONE = (ConnectionError, TimeoutError)  # BrokenPipeError, ConnectionResetError, ...
 
@@ -35,6 +37,7 @@ def _printable(text: str, limit: int = 200) -> str:
 def make_handler(service):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = SOCKET_TIMEOUT_S
 
         def log_message(self, *args):  # the access log is ours: one line per request (_log)
             pass
@@ -47,6 +50,11 @@ def make_handler(service):
 
         def do_OPTIONS(self):
             self._handle(self._preflight)
+
+        def do_PUT(self):
+            self._handle(self._not_allowed)
+
+        do_DELETE = do_PATCH = do_PUT
 
         def send_response(self, code, message=None):
             self.status = code
@@ -63,6 +71,12 @@ def make_handler(service):
                     self._error(error)  # (which fails too if the client has gone)
             except (ClientGone, *CLIENT_GONE):
                 self.gone, self.close_connection = True, True
+            except Exception:  # a bug: its traceback goes to the log, the client gets a 500
+                log.error("unexpected error on %s %s", self.command, _printable(self.path),
+                          exc_info=True)  # fmt: skip
+                self.close_connection = True
+                if self.status is None:  # nothing sent yet: the answer can still be an error
+                    self._error(api.ApiError(500, "internal server error (see the server's log)"))
             finally:
                 self._log()
 
@@ -91,10 +105,22 @@ def make_handler(service):
             if route == "/stats":
                 return self._json(200, service.loop.stats())
             service.access.check_key(route, self.headers.get("Authorization"))
+            model = {"id": service.model_name, "object": "model", "owned_by": "memwall"}
+            model["created"] = 0
             if route == "/v1/models":
-                model = {"id": service.model_name, "object": "model", "owned_by": "memwall"}
-                return self._json(200, {"object": "list", "data": [model | {"created": 0}]})
+                return self._json(200, {"object": "list", "data": [model]})
+            if route.startswith("/v1/models/"):  # one model, as client.models.retrieve asks
+                if route.removeprefix("/v1/models/") != service.model_name:
+                    raise api.ApiError(
+                        404, f"this server serves {service.model_name!r} only",
+                        param="model", code="model_not_found",
+                    )  # fmt: skip
+                return self._json(200, model)
             raise api.ApiError(404, f"no route GET {self.path}", code="not_found")
+
+        def _not_allowed(self, route):
+            self.close_connection = True  # a body, if any, is left unread
+            raise api.ApiError(405, f"{self.command} is not served; use GET or POST")
 
         def _preflight(self, route):
             if self.origin is not None and not service.access.allows(self.origin):
@@ -111,17 +137,18 @@ def make_handler(service):
             service.access.check_key(route, self.headers.get("Authorization"))
             if route not in ("/v1/completions", "/v1/chat/completions"):
                 raise api.ApiError(404, f"no route POST {self.path}", code="not_found")
+            body = self._read_json()  # before it counts as in flight: a slow client holds none
             if not service.enter():
                 self.close_connection = True
                 raise api.ApiError(503, "the server is shutting down", code="server_shutting_down")
             try:
-                self._complete_or_stream(route)
+                self._complete_or_stream(route, body)
             finally:
                 service.leave()
 
-        def _complete_or_stream(self, route):
+        def _complete_or_stream(self, route, body):
             try:
-                params = service.parse(self._read_json(), chat=route.endswith("chat/completions"))
+                params = service.parse(body, chat=route.endswith("chat/completions"))
                 stop_tokens = () if params.ignore_eos or service.eos is None else (service.eos,)
                 ticket = service.loop.submit(
                     params.prompt_ids, params.max_tokens, params.sampling, stop_tokens
@@ -157,6 +184,8 @@ def make_handler(service):
                 return json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 raise api.bad(f"the request body is not valid JSON: {error}") from None
+            except RecursionError:
+                raise api.bad("the request body nests too deeply") from None
 
         # ---- writing ---------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ gracefully, and `shutdown.serve_until_signalled` does so on SIGTERM or SIGINT.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import socket
@@ -34,7 +35,13 @@ class Service:
         self.loop, self.tokenizer, self.model_name = loop, tokenizer, model_name
         self.vocab_size, self.access = vocab_size, access
         self.eos = getattr(tokenizer, "eos_token_id", None)
-        self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to share freely
+        # Fast tokenizers are not safe to share freely, so each use holds a lock; reading
+        # prompts and writing answers get a tokenizer each, so that a long prompt being
+        # tokenized never holds up the tokens streaming to other clients.
+        self._tokenizer_lock, self._decoder_lock = threading.Lock(), threading.Lock()
+        self._decoder = copy.deepcopy(tokenizer)
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.longest_token = max(map(len, vocab), default=0) or None  # characters
         self._flight = threading.Condition()
         self.in_flight, self.draining = 0, False
 
@@ -77,11 +84,12 @@ class Service:
                 self.model_name,
                 self.loop.max_tokens_per_request,
                 self.vocab_size,
+                self.longest_token,
             )
 
     def decode(self, ids) -> str:
-        with self._tokenizer_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        with self._decoder_lock:
+            return self._decoder.decode(ids, skip_special_tokens=True)
 
 
 class OpenAIServer(ThreadingHTTPServer):
