@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import importlib
 import importlib.util
 import os
@@ -166,10 +167,22 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         code = args.run(args) or 0
-        sys.stdout.flush()  # a closed pipe shows up here, inside the handler below
+        if sys.stdout is not None:  # (None when the shell closed it: `memwall calc >&-`)
+            sys.stdout.flush()  # a closed pipe or a full disk shows up here, inside the handlers
         return code
     except BrokenPipeError:
         return _silence_broken_pipe()
+    except KeyboardInterrupt:
+        print("memwall: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
+    except OSError as error:  # a file or a device refused: a full disk, a missing folder, ...
+        print(f"memwall: error: {error}", file=sys.stderr)
+        if sys.stdout is not None and error.errno == errno.ENOSPC:
+            _silence_broken_pipe()  # the exit's own flush would fail on the same disk
+        return 1
+    except OverflowError as error:  # e.g. `calc --batch 1e400`: a number past a float's range
+        print(f"memwall: error: a number is too large: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except (UsageError, ValueError) as error:
         message = str(error) if isinstance(error, UsageError) else f"memwall: error: {error}"
         print(message, file=sys.stderr)

@@ -47,7 +47,8 @@ def gguf_path() -> Path:
 
 
 def load(name: str = OFFLINE_MODEL, dtype=None, device: str | None = None):
-    """Return (transformers model in eval mode, tokenizer) for a known model name or a hub id.
+    """Return (transformers model in eval mode, tokenizer) for a known model name, a hub id or
+    a local folder holding a saved model.
 
     `device` defaults to `memwall.machine.devices.default_device()`, the device `measure()` measures."""
     _require_engine()
@@ -57,6 +58,10 @@ def load(name: str = OFFLINE_MODEL, dtype=None, device: str | None = None):
     device = device or default_device()
     if name == OFFLINE_MODEL:
         folder = _converted_offline_model()
+    elif Path(name).expanduser().is_dir():  # a model saved locally (save_pretrained's folder)
+        folder = str(Path(name).expanduser())
+        if not (Path(folder) / "config.json").is_file():
+            raise ValueError(f"{name!r} is a folder without a model's config.json")
     elif name in HUB_MODELS or "/" in name:
         folder = HUB_MODELS.get(name, name)
         _require_network(folder)

@@ -12,4 +12,7 @@ from pathlib import Path
 
 def cache_dir() -> Path:
     """Where converted models and compiled kernels live: $MEMWALL_CACHE, else ~/.cache/memwall."""
-    return Path(os.environ.get("MEMWALL_CACHE", Path.home() / ".cache" / "memwall"))
+    folder = Path(os.environ.get("MEMWALL_CACHE", Path.home() / ".cache" / "memwall"))
+    if folder.exists() and not folder.is_dir():  # said now, not after a slow conversion
+        raise ValueError(f"memwall's cache {folder} (set by $MEMWALL_CACHE) is not a folder")
+    return folder

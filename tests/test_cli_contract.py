@@ -87,6 +87,15 @@ BAD_INPUTS = [
     (["generate"], "required: prompt"),
     (["generate", "hello", "--max-tokens", "0"], "--max-tokens"),
     (["generate", "hello", "--temperature", "warm"], "invalid float"),
+    (["generate", "hello", "--temperature", "nan"], "finite"),
+    (["generate", "hello", "--seed", str(2**70)], "seed must lie"),
+    (["generate", "caf\udce9"], "not valid UTF-8"),  # the byte 0xe9 as argv holds it
+    (
+        ["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--batch", str(10**400)],
+        "too large",
+    ),
+    (["serve", "--block-size", "0"], "--block-size"),
+    (["bench", "serve", "--url", "http://127.0.0.1:9", "--requests", "0"], "--requests"),
     (["serve", "--port", "70000"], "between 1 and 65535"),
     (["serve", "--port", "-1"], "between 1 and 65535"),
     (["serve", "--host", "1.2.3.4"], "not an address of this machine"),
@@ -94,6 +103,17 @@ BAD_INPUTS = [
     (["serve", "--json"], "unrecognized arguments"),
     (["grade", "/nonexistent/submissions"], "no submissions folder"),
     (["grade", ".", "--jobs", "0"], "jobs"),
+    (
+        [
+            "grade",
+            str(ROOT / "book" / "_theme"),
+            "--solutions",
+            str(ROOT / "solutions"),
+            "--out",
+            "/nonexistent/grades.csv",
+        ],
+        "no notebooks to grade",
+    ),
     (["exercises", "--check", "--solutions", "/nonexistent"], "no solution notebooks"),
     (["notebooks", "--root", "/nonexistent"], "no chapters/ or solutions/"),
     (["build-kernels", "--bogus"], "unrecognized arguments"),

@@ -79,6 +79,7 @@ def test_names_are_readable_and_feedback_names_portable():
 
 def test_a_second_run_on_the_same_csv_stops_with_a_clear_message(tmp_path):
     (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "ann__00_demo.ipynb").write_text("not json")  # graded without a kernel
     out = tmp_path / "grades.csv"
     with OutputLock(out):
         with pytest.raises(ValueError, match="another memwall grade is writing"):
@@ -90,8 +91,9 @@ def test_a_second_run_on_the_same_csv_stops_with_a_clear_message(tmp_path):
                 progress=False,
             )
     # Released: the next run goes ahead.
-    assert grade(tmp_path / "subs", out, solutions_dir=SOLUTIONS, sandbox=sandbox_here(),
-                 progress=False) == []  # fmt: skip
+    (row,) = grade(tmp_path / "subs", out, solutions_dir=SOLUTIONS, sandbox=sandbox_here(),
+                   progress=False)  # fmt: skip
+    assert row.status == "not JSON"
 
 
 def test_two_concurrent_runs_lose_no_row(tmp_path):

@@ -249,6 +249,7 @@ def test_atomic_writes_refuse_a_folder_or_a_link_at_the_target(tmp_path):
 
 def test_grading_refuses_a_folder_where_the_csv_goes_before_running_anything(tmp_path):
     (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "ann__00_demo.ipynb").write_text("{}")
     (tmp_path / "grades.csv").mkdir()
     with pytest.raises(ValueError, match="is not a file"):
         grade(tmp_path / "subs", tmp_path / "grades.csv", solutions_dir=SOLUTIONS, progress=False)

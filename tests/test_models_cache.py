@@ -40,3 +40,27 @@ def test_a_copy_from_another_major_version_is_converted_again(tmp_path, monkeypa
     monkeypatch.setattr(models, "gguf_path", conversion_starts)
     with pytest.raises(ValueError, match="converting"):
         models._converted_offline_model()
+
+
+def test_a_local_folder_is_loaded_not_sent_to_the_hub(tmp_path, monkeypatch):
+    class Loaded:  # what from_pretrained returns here: a stand-in that records its folder
+        def __init__(self, folder, **_):
+            self.folder = folder
+
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+    def offline(name):
+        raise AssertionError(f"{name} was treated as a hub id")
+
+    monkeypatch.setattr(models, "_require_network", offline)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", Loaded)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", Loaded)
+    with pytest.raises(ValueError, match="without a model's config.json"):
+        models.load(str(tmp_path))
+    fake_conversion(tmp_path / "saved", "5.0.0")
+    model, tokenizer = models.load(str(tmp_path / "saved"), device="cpu")
+    assert model.folder == tokenizer.folder == str(tmp_path / "saved")

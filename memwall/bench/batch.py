@@ -50,6 +50,10 @@ def parse_batches(text: str) -> list[int]:
 def cache_with_context(engine_model, batch: int, context: int, max_tokens: int, generator):
     """A KV cache for `batch` sequences that already holds `context` random tokens each, made on
     the model's device (`generator` must live there too)."""
+    needed = engine_model.new_cache(batch=1, max_tokens=1).nbytes * batch * max_tokens
+    device = next(engine_model.parameters()).device
+    harness.check_fits(needed, device, f"a KV cache of {batch} x {max_tokens} tokens",
+                       "lower --batch or the context")  # fmt: skip
     cache = engine_model.new_cache(batch=batch, max_tokens=max_tokens)
     if context:
         # A static cache (the compiled path's) keeps one tensor per layer; the readable one, one

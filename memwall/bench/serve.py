@@ -84,6 +84,11 @@ def add_cli(bench_subparsers):
 
 
 def run_cli(args) -> int:
+    if args.requests is not None and args.requests < 1:
+        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    for name in ("duration", "timeout"):  # NaN fails this too
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name} must be a positive number of seconds")
     runs = sweep(
         args.url,
         parse_levels(args.concurrency),

@@ -51,6 +51,10 @@ def run(args) -> int:
     from memwall.validate import count
 
     count("--max-tokens", args.max_tokens)
+    try:  # bytes that are not UTF-8 reach argv as lone surrogates
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the prompt is not valid UTF-8 text") from None
     sampling = Sampling(args.temperature, args.top_p, args.seed)  # validates before the slow load
     hf_model, tokenizer = models.load(args.model)
     engine = shared_engine(hf_model)  # read straight into the engine: one copy at any moment

@@ -110,9 +110,14 @@ def grade(
 
     check_ready(timeout, cell_timeout, jobs, call_timeout)
     use_sandbox = resolve_sandbox(sandbox, limits, read_only_paths)
+    solutions = SolutionBook(solutions_dir)
+    submissions, skipped = find_submissions(submissions_dir, solutions.chapters())
+    if not submissions:  # before anything is written: an earlier run's grades stay as they are
+        raise ValueError(f"no notebooks to grade in {submissions_dir}" + (
+            f" ({len(skipped)} other files skipped)" if skipped else ""))  # fmt: skip
     with OutputLock(out_csv):  # a second run on the same --out stops here, with a message
         return _grade_locked(
-            submissions_dir, out_csv, feedback_dir, solutions_dir, progress, tqdm,
+            submissions, skipped, solutions, out_csv, feedback_dir, progress, tqdm,
             Options(
                 float(timeout), float(cell_timeout), float(call_timeout or cell_timeout),
                 use_sandbox, max(1, (os.cpu_count() or 1) // int(jobs)), limits,
@@ -122,14 +127,12 @@ def grade(
         )  # fmt: skip
 
 
-def _grade_locked(submissions_dir, out_csv, feedback_dir, solutions_dir, progress, tqdm, options,
-                  jobs):  # fmt: skip
+def _grade_locked(submissions, skipped, solutions, out_csv, feedback_dir, progress, tqdm,
+                  options, jobs):  # fmt: skip
     from memwall.grading.report import ReportWriter, print_summary
 
     started = time.monotonic()
     writer = ReportWriter(out_csv, feedback_dir)  # refuses a directory where the CSV goes
-    solutions = SolutionBook(solutions_dir)
-    submissions, skipped = find_submissions(submissions_dir, solutions.chapters())
     use_key(solutions.find_key())  # the references: beside the solutions, never in the package
     pool = ThreadPoolExecutor(max_workers=jobs)
     futures = {pool.submit(grade_submission, s, solutions, options): s for s in submissions}

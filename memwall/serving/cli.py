@@ -109,6 +109,11 @@ def log_to_stderr() -> None:
 def run_serve(args):
     if args.prefill_chunk < 0 or args.max_batch < 1 or args.max_queue < 0:
         raise ValueError("--prefill-chunk and --max-queue must be >= 0 and --max-batch >= 1")
+    if not 1 <= args.block_size <= args.kv_tokens:
+        raise ValueError(
+            f"--block-size must be >= 1 and --kv-tokens at least one block; got "
+            f"--block-size {args.block_size}, --kv-tokens {args.kv_tokens}"
+        )
     if not 0 <= args.shutdown_timeout <= MAX_SHUTDOWN_TIMEOUT_S:  # (NaN fails this too)
         raise ValueError(
             f"--shutdown-timeout must be 0 to {MAX_SHUTDOWN_TIMEOUT_S} seconds, "
@@ -141,6 +146,9 @@ def run_serve(args):
         raise ValueError(f"{args.model!r} has no tokenizer to serve text with; use a real model")
     engine = shared_engine(hf_model)  # read into the engine: never two copies at once
     del hf_model  # the engine holds its own copy of the weights
+    kv_bytes = args.kv_tokens * engine.new_cache(batch=1, max_tokens=1).nbytes
+    harness.check_fits(kv_bytes, device, f"a KV pool of {args.kv_tokens} tokens",
+                       "lower --kv-tokens")  # fmt: skip
     model = accelerate(engine) if args.fast == "on" else engine  # same weights either way
     if hasattr(model, "new_paged_cache"):  # the compiled path: compile before serving
         from memwall.engine.cuda.paged import warm_up
