@@ -5,9 +5,9 @@ Everything is written atomically (safe_files.write_atomically) and again each ti
 finishes, so the CSV always holds every finished row. Results of an earlier run at the same
 paths (the CSV, its summary, the feedback folder) are kept under numbered names (``grades.csv``
 -> ``grades.csv.~1~``, as ``cp --backup=numbered`` does) before the first row is written: a rerun
-for a late submission never loses the class's grades, and no stale feedback file is mixed in. A cell that a spreadsheet would run as a
-formula (starting with = + - @, a tab or a carriage return) gets a leading apostrophe. A
-feedback file is cut at FEEDBACK_MAX_CHARACTERS.
+for a late submission never loses the class's grades, and no stale feedback file is mixed in.
+A cell that a spreadsheet would run as a formula (starting with = + - @, a tab or a carriage
+return) gets a leading apostrophe. A feedback file is cut at FEEDBACK_MAX_CHARACTERS.
 """
 
 import csv

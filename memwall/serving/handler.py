@@ -105,8 +105,12 @@ def make_handler(service):
             if route == "/stats":
                 return self._json(200, service.loop.stats())
             service.access.check_key(route, self.headers.get("Authorization"))
-            model = {"id": service.model_name, "object": "model", "owned_by": "memwall"}
-            model["created"] = 0
+            model = {
+                "id": service.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "memwall",
+            }
             if route == "/v1/models":
                 return self._json(200, {"object": "list", "data": [model]})
             if route.startswith("/v1/models/"):  # one model, as client.models.retrieve asks
