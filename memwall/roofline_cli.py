@@ -180,7 +180,10 @@ def add_calc_parser(subparsers) -> None:
 
 def run_calc(args) -> int:
     hardware = args.hardware
-    if hardware.strip().lower() == MEASURED_NAME:
+    measured = hardware.strip().lower() == MEASURED_NAME
+    if args.quick and not measured:
+        raise ValueError(f"--quick applies to --hardware {MEASURED_NAME} (a measurement).")
+    if measured:
         require_extra("engine", f"--hardware {MEASURED_NAME} (measuring this machine)")
         hardware = measure(_usable_device(None), quick=args.quick).as_hardware()
     hardware = get_hardware(hardware)

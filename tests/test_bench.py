@@ -143,11 +143,17 @@ def test_options_resolve_with_clear_errors(monkeypatch):
     assert harness.resolve_dtype(None, "cuda") == "fp16"  # a T4 emulates bf16
     with pytest.raises(ValueError, match="choose from fp32, bf16, fp16"):
         harness.resolve_dtype("fp8", "cpu")
-    with pytest.raises(ValueError, match="choose from cpu, cuda"):
-        harness.resolve_device("tpu")
+    for bad in ("tpu", "cpu:0", "cuda:x"):
+        with pytest.raises(ValueError, match="choose from cpu, cuda or cuda:N"):
+            harness.resolve_device(bad)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             harness.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert harness.resolve_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match="sees 1 GPU"):
+        harness.resolve_device("cuda:1")
     with pytest.raises(ValueError, match="Unknown model"):
         workload.load_model("random:no-such-model", "fp32", "cpu")
 

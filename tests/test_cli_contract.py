@@ -84,6 +84,10 @@ BAD_INPUTS = [
     (["bench", "nope"], "invalid choice"),
     (["bench", "decode", "--new-tokens", "many"], "invalid int"),
     (["bench", "batch", "--bogus"], "unrecognized arguments"),
+    # An option that would change nothing is refused, not ignored.
+    (["bench", "decode", "--engine", "hf", "--fast", "on"], "fast applies to memwall"),
+    (["bench", "decode", "--quant", "int8", "--group-size", "64"], "add --quant int4"),
+    (["calc", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--quick"], "--quick applies"),
     (["generate"], "required: prompt"),
     (["generate", "hello", "--max-tokens", "0"], "--max-tokens"),
     (["generate", "hello", "--temperature", "warm"], "invalid float"),

@@ -87,6 +87,8 @@ def bench_decode(
     quants = _parse_quants(quant)
     if quants != [None] and "memwall" not in engines:
         raise ValueError("quant applies to memwall's engine; use engine='memwall' or 'compare'.")
+    if fast != "off" and "memwall" not in engines:
+        raise ValueError("fast applies to memwall's engine; use engine='memwall' or 'compare'.")
     wrappers = {"off": [False], "on": [True], "both": [False, True]}[fast]
     side_by_side = len(quants) * len(wrappers) > 1
     if side_by_side and engine != "memwall":
@@ -398,7 +400,9 @@ def add_cli(bench_subparsers) -> None:
         help="quantize memwall's engine weight-only: int8 (per channel) or int4 (per group); "
         "a list such as none,int8,int4 times the formats side by side, interleaved",
     )
-    parser.add_argument("--group-size", type=int, default=32, help="int4 group size (default 32)")
+    parser.add_argument(
+        "--group-size", type=int, help="int4 group size (default 32)"
+    )
     parser.add_argument(
         "--fast",
         choices=FAST_CHOICES,
@@ -437,6 +441,9 @@ def _columns(args, result):
 
 
 def _run(args) -> dict:
+    if args.group_size is not None and "int4" not in _parse_quants(args.quant):
+        raise ValueError("--group-size applies to int4 weights; add --quant int4.")
+    group_size = {} if args.group_size is None else {"group_size": args.group_size}
     return bench_decode(
         args.model,
         "compare" if args.compare else args.engine,
@@ -447,6 +454,6 @@ def _run(args) -> dict:
         repeats=args.repeats,
         warmup=args.warmup,
         quant=args.quant,
-        group_size=args.group_size,
         fast=args.fast,
+        **group_size,
     )

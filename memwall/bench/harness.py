@@ -36,14 +36,17 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "GO
 
 
 def resolve_device(device: str | None) -> str:
-    """ "cpu" or "cuda" (default: cuda when available), or a ValueError naming the choices."""
+    """ "cpu", "cuda" or "cuda:N" (default: cuda when available), or a ValueError naming the
+    choices."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    kind = str(device).split(":")[0]
-    if kind not in DEVICES:
-        raise ValueError(f"Unknown device {device!r}; choose from {', '.join(DEVICES)}.")
+    kind, _, index = str(device).partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"Unknown device {device!r}; choose from cpu, cuda or cuda:N.")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("CUDA was requested but torch sees no CUDA GPU here; use --device cpu.")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{device} does not exist: torch sees {torch.cuda.device_count()} GPU(s).")
     return str(device)
 
 
