@@ -270,6 +270,8 @@ def test_csv_has_one_row_per_notebook_and_a_column_per_check(graded):
         and by_student["fay"]["demo.matrix_bytes"] == ""
     )
     assert by_student["frank"]["notebook"] == f"{CHAPTER}.ipynb"
+    # a file that could not be graded has no score, not a zero
+    assert [by_student["roy"][k] for k in ("demo.matrix_bytes", "total", "max")] == ["", "", "5"]
 
 
 def test_files_that_could_not_be_graded_are_marked_so(graded):
@@ -294,6 +296,8 @@ def test_feedback_names_the_failing_case_without_ansi_codes(graded):
     ned = (feedback / f"ned__{CHAPTER}.txt").read_text()
     # Replacing check gains nothing: the grader called the blank functions itself.
     assert "demo.matrix_bytes: not implemented yet (Exercise 1:" in ned
+    roy = (feedback / f"roy__{CHAPTER}.txt").read_text()
+    assert "score: not graded\nstatus: not a notebook" in roy and "not run" not in roy
 
 
 def test_solution_passes_nbval_lax():
@@ -379,8 +383,7 @@ def test_the_command_line_grades_a_folder(tmp_path):
     assert result.returncode == 1, result.stderr  # a file that could not be graded
     assert "could not grade alice, 00_demo.ipynb: not JSON" in result.stderr
     (row,) = json.loads(result.stdout)
-    assert (row["total"], row["max"], row["status"]) == (0, 5, "not JSON")
-    assert (tmp_path / "grades.csv").read_text().splitlines()[
-        1
-    ] == "alice,00_demo.ipynb,0,0,0,0,5,not JSON"
+    assert (row["graded"], row["total"], row["max"], row["status"]) == (False, None, 5, "not JSON")
+    lines = (tmp_path / "grades.csv").read_text().splitlines()
+    assert lines[1] == "alice,00_demo.ipynb,,,,,5,not JSON"  # no score, not a zero
     assert (tmp_path / "feedback" / f"alice__{CHAPTER}.txt").exists()

@@ -282,6 +282,11 @@ def test_names_are_nfc_and_duplicates_are_not_graded(tmp_path):
     found, _ = find_submissions(tmp_path)
     by_student = [(s.student, s.problem.split(":")[0]) for s in found]
     assert by_student == [("Jos\u00e9", "duplicate"), ("Jos\u00e9", "duplicate"), ("ann", "")]
+    # each duplicate names its own file: the CSV's columns cannot tell the two apart
+    assert {s.problem for s in found if s.problem} == {
+        "duplicate: Jos\u00e9/00_demo.ipynb and 1 other file for this student and chapter",
+        "duplicate: Jos\u00e9__00_demo.ipynb and 1 other file for this student and chapter",
+    }
 
 
 def test_csv_cells_that_look_like_formulas_are_escaped(tmp_path):

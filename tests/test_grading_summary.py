@@ -33,6 +33,17 @@ def test_summary_counts_scores_failures_and_flagged_rows():
     assert "  0- 20% ##" in text and " 80-100% # " in text
 
 
+def test_files_that_could_not_be_graded_count_in_no_score():
+    duplicate = row("eve", (0, 0), status="duplicate: eve/09_measuring.ipynb and 1 other file")
+    duplicate.graded = False
+    text = summary_markdown([row("ada", (3, 2)), duplicate, row("Ada", (3, 0))])
+    assert "3 notebooks from 3 students; 2 ran cleanly; 1 could not be graded" in text
+    assert "| ch09.ab_slowdown | 3 | 2 | 2 | 0 | 0 | 3.00 |" in text  # eve's zeros left out
+    assert "  0- 20%                                0" in text
+    assert "| not run |" not in text and "| eve | eve.ipynb | duplicate: " in text
+    assert "differ only in letter case, graded as different students: Ada / ada." in text
+
+
 def test_untrusted_text_cannot_break_the_tables():
     rows = [row("eve | x\n# heading", (0, 0), status="error: `rm` | boom")]
     text = summary_markdown(rows)

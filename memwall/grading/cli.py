@@ -164,12 +164,14 @@ def run_grade(args) -> int:
 
 
 def row_as_dict(row) -> dict:
+    checks = row.checks if row.graded else []  # not graded: no score (null), not a zero
     return {
         "student": row.student,
         "notebook": row.notebook,
-        "points": {result.name: result.earned for result in row.checks},
-        "messages": {result.name: result.message for result in row.checks},
-        "total": row.total,
+        "graded": row.graded,
+        "points": {result.name: result.earned for result in checks},
+        "messages": {result.name: result.message for result in checks},
+        "total": row.total if row.graded else None,
         "max": row.max_points,
         "status": row.status,
     }

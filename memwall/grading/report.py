@@ -17,7 +17,7 @@ from pathlib import Path
 
 from memwall.grading.names import printable, printable_lines, readable
 from memwall.grading.safe_files import write_atomically
-from memwall.grading.summary import summary_path, write_summary
+from memwall.grading.summary import students_told_apart_by_case, summary_path, write_summary
 
 FIXED_COLUMNS = ("student", "notebook")
 TOTAL_COLUMNS = ("total", "max", "status")
@@ -125,11 +125,13 @@ def write_csv(rows, out_csv):
     writer = csv.writer(buffer)
     writer.writerow([*FIXED_COLUMNS, *check_columns, *TOTAL_COLUMNS])
     for row in rows:
-        earned = {result.name: number(result.earned) for result in row.checks}
+        # A notebook that could not be graded has no score (empty cells), not a zero.
+        earned = {result.name: number(result.earned) for result in row.checks if row.graded}
+        total = number(row.total) if row.graded else ""
         writer.writerow(
             [safe_cell(row.student), safe_cell(row.notebook)]
             + [earned.get(name, "") for name in check_columns]
-            + [number(row.total), number(row.max_points), safe_cell(row.status)]
+            + [total, number(row.max_points), safe_cell(row.status)]
         )
     write_atomically(out_csv, buffer.getvalue())
 
@@ -143,13 +145,14 @@ def safe_cell(text: str) -> str:
 
 def write_feedback(row, path):
     """A plain-text report for one student: score, status, and each check's result."""
+    score = f"{number(row.total)} / {number(row.max_points)}" if row.graded else "not graded"
     lines = [
         f"memwall feedback for {row.student}: {row.notebook}",
-        f"score: {number(row.total)} / {number(row.max_points)}",
+        f"score: {score}",
         f"status: {row.status}",
         "",
     ]
-    for result in row.checks:
+    for result in row.checks if row.graded else ():
         passed = result.earned == result.points and result.points
         lines.append(
             f"{'✓' if passed else '✗'} {result.name} ({number(result.earned)}/{number(result.points)} points)"
@@ -178,6 +181,8 @@ def print_summary(rows, skipped, out_csv, feedback_dir, seconds):
     print(f"summary for the instructor: {summary_path(out_csv)}")
     for row in problems:
         print(printable(f"  {row.student}, {row.notebook}: {row.status}"))
+    for group in students_told_apart_by_case(students):
+        print(printable(f"  names that differ only in letter case: {' / '.join(group)}"))
     if skipped:
         names = ", ".join(readable(p.name) for p in skipped)
         print(

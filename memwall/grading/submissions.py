@@ -85,11 +85,13 @@ def find_submissions(folder, chapters=None) -> tuple:
             skipped.append(path)
     if chapters is not None:
         found = [chapter_from_notebook(s, chapters) for s in found]
-    found = mark_duplicates(found)
+    found = mark_duplicates(found, folder)
     return sorted(found, key=lambda s: (s.student, s.chapter, s.path.name)), skipped
 
 
-def mark_duplicates(found) -> list:
+def mark_duplicates(found, folder) -> list:
+    """`found`, each file that shares its student and chapter with another marked as a duplicate,
+    named, since the CSV's student and notebook columns cannot tell the two apart."""
     counts = Counter((s.student, s.chapter) for s in found if s.chapter)
     marked = []
     for submission in found:
@@ -97,7 +99,8 @@ def mark_duplicates(found) -> list:
         if submission.chapter and counts[key] > 1 and not submission.problem:
             others = counts[key] - 1
             problem = (
-                f"duplicate: {others} other file{'s' * (others > 1)} for this student and chapter"
+                f"duplicate: {readable(str(submission.path.relative_to(folder)))} and {others} "
+                f"other file{'s' * (others > 1)} for this student and chapter"
             )
             submission = replace(submission, problem=problem)
         marked.append(submission)

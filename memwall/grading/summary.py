@@ -35,12 +35,35 @@ def write_summary(rows, out_csv) -> Path:
 def summary_markdown(rows, csv_name="grades.csv") -> str:
     rows = list(rows)
     students = {row.student for row in rows}
+    # A file that could not be graded has no score: it would count as a zero in every table.
+    graded = [row for row in rows if row.graded]
+    not_graded = len(rows) - len(graded)
     lines = [f"# Grading summary: {clean(csv_name)}", "",
              f"{len(rows)} notebooks from {len(students)} students; "
-             f"{sum(1 for row in rows if row.status == 'ok')} ran cleanly.", ""]  # fmt: skip
-    lines += exercise_table(rows) + totals_histograms(rows) + frequent_failures(rows)
+             f"{sum(1 for row in rows if row.status == 'ok')} ran cleanly"
+             + (f"; {not_graded} could not be graded (see the rows to look at)." if not_graded
+                else "."), ""]  # fmt: skip
+    lines += same_but_letter_case(students)
+    lines += exercise_table(graded) + totals_histograms(graded) + frequent_failures(graded)
     lines += flagged_rows(rows)
     return "\n".join(lines) + "\n"
+
+
+def students_told_apart_by_case(students) -> list:
+    """Groups of student names that differ only in letter case ("Bob", "bob"): one student
+    under two spellings, more likely than two students."""
+    groups = defaultdict(set)
+    for name in students:
+        groups[name.casefold()].add(name)
+    return [sorted(group) for _, group in sorted(groups.items()) if len(group) > 1]
+
+
+def same_but_letter_case(students):
+    groups = students_told_apart_by_case(students)
+    if not groups:
+        return []
+    names = "; ".join(" / ".join(clean(name) for name in group) for group in groups)
+    return [f"Names that differ only in letter case, graded as different students: {names}.", ""]
 
 
 def exercise_table(rows):
