@@ -192,6 +192,11 @@ EXPECTED = {
 }
 
 
+def kills_its_kernel():
+    os_exit = RIGHT["ex1"].replace("    return", "    import os\n    os._exit(1)\n    return")
+    return answered(ex1=os_exit, ex2=RIGHT["ex2"], ex3=RIGHT["ex3"])
+
+
 def make_submissions(folder: Path):
     write(folder, f"alice__{CHAPTER}.ipynb", solution())
     write(folder, f"bob__{CHAPTER}.ipynb", blank())
@@ -216,10 +221,7 @@ def make_submissions(folder: Path):
         f"leo__{CHAPTER}.ipynb",
         answered(ex1="import sys\nsys.exit()\n" + RIGHT["ex1"], ex2=RIGHT["ex2"], ex3=RIGHT["ex3"]),
     )
-    os_exit = RIGHT["ex1"].replace("    return", "    import os\n    os._exit(1)\n    return")
-    write(
-        folder, f"mia__{CHAPTER}.ipynb", answered(ex1=os_exit, ex2=RIGHT["ex2"], ex3=RIGHT["ex3"])
-    )
+    write(folder, f"mia__{CHAPTER}.ipynb", kills_its_kernel())
     write(folder, f"ned__{CHAPTER}.ipynb", tampered())
     write(
         folder,
@@ -368,6 +370,17 @@ def process_alive(pid, grace_seconds=5.0) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def test_a_kernel_that_dies_ends_its_cell_without_waiting_for_the_cell_timeout(tmp_path):
+    write(tmp_path / "subs", f"mia__{CHAPTER}.ipynb", kills_its_kernel())
+    long_timeout = 300  # nbval alone would wait this long for the dead kernel's reply
+    (row,) = grade(
+        tmp_path / "subs", tmp_path / "grades.csv", timeout=2 * long_timeout,
+        cell_timeout=long_timeout, jobs=1, solutions_dir=SOLUTIONS, progress=False,
+    )  # fmt: skip
+    assert ([result.earned for result in row.checks], row.status) == EXPECTED["mia"]
+    assert row.seconds < long_timeout / 3, row.seconds
 
 
 def test_the_command_line_grades_a_folder(tmp_path):

@@ -31,6 +31,39 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     harden()  # before nbval starts the kernel: the student's code cannot attach to pytest
+    _stop_waiting_for_a_dead_kernel()
+
+
+def _stop_waiting_for_a_dead_kernel():
+    """Make nbval's wait for a cell's reply end soon after the kernel process dies.
+
+    nbval waits for the reply on the shell channel for the whole cell timeout (minutes), and a
+    kernel ended by ``os._exit`` never replies. Waiting in short slices and checking the process
+    between them ends the cell at once; nbval then reports it as it reports a timeout (and this
+    plugin records the exit), so nothing else changes.
+    """
+    from queue import Empty
+
+    from nbval.kernel import RunningKernel
+
+    wait = RunningKernel.get_message
+    if getattr(wait, "_memwall_sliced", False):
+        return
+
+    def get_message(self, stream, timeout=None):
+        if stream != "shell" or timeout is None:
+            return wait(self, stream, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return wait(self, stream, timeout=max(0.0, min(KERNEL_POLL_SECONDS, remaining)))
+            except Empty:
+                if remaining <= KERNEL_POLL_SECONDS or not self.is_alive():
+                    raise
+
+    get_message._memwall_sliced = True
+    RunningKernel.get_message = get_message
 
 
 def _write(config, record):
