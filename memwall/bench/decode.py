@@ -400,9 +400,7 @@ def add_cli(bench_subparsers) -> None:
         help="quantize memwall's engine weight-only: int8 (per channel) or int4 (per group); "
         "a list such as none,int8,int4 times the formats side by side, interleaved",
     )
-    parser.add_argument(
-        "--group-size", type=int, help="int4 group size (default 32)"
-    )
+    parser.add_argument("--group-size", type=int, help="int4 group size (default 32)")
     parser.add_argument(
         "--fast",
         choices=FAST_CHOICES,
