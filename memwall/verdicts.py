@@ -14,7 +14,10 @@ short description of it, or None when it found nothing:
   beat its tokens over its cost);
 - `roof_problem`: a speed above the roof of the memory level its data lives in;
 - `wait_problem`: this process's threads waited for a CPU (another process held a core), or a
-  speed path moved to fewer threads for that reason (`memwall.machine.cpu_wait`).
+  speed path moved to fewer threads for that reason (`memwall.machine.cpu_wait`);
+- `stand_in_problem`: the roof is the cache's bandwidth standing in for DRAM's (the memory budget
+  could not clear a large cache), so a fraction of it cannot say how close the bytes came to
+  memory's speed. This is no disturbance: the verdict line says no verdict is possible here.
 
 `verdict(text, *problems)` prints the verdict only when every check came back None, and
 otherwise one line "this run was disturbed: <what>; rerun on a quiet machine". Every verdict
@@ -197,12 +200,27 @@ def machine_problem(share: float = WAIT_SHARE) -> MachineProblem | None:
     return MachineProblem(found) if found else None
 
 
+class CannotJudge(str):
+    """A reason no run on this machine can support the verdict (a rerun would not help)."""
+
+
+def stand_in_problem(note: str) -> CannotJudge | None:
+    """The roof only bounds the bytes' speed from above (`note` says why: `Roof.note`,
+    `RooflineProbe.stand_in_note`): a fraction of it, and the cause it would name, would misread
+    the machine."""
+    return CannotJudge(note) if note else None
+
+
 def disturbed(*problems: str | None, most: int = 3) -> str | None:
     """The one line that replaces a verdict when any check found a problem (None otherwise);
-    it names the first `most` problems and counts the rest."""
+    it names the first `most` problems and counts the rest. A reason that no run here could
+    settle (`CannotJudge`) is named alone: rerunning would not help."""
     found = [p for p in problems if p]
     if not found:
         return None
+    limits = [p for p in found if isinstance(p, CannotJudge)]
+    if limits:
+        return f"no verdict on this machine: {'; '.join(limits)}"
     named = found[:most] + ([f"{len(found) - most} more"] if len(found) > most else [])
     return f"this run was disturbed: {'; '.join(named)}; rerun on a quiet machine"
 

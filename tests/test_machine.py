@@ -156,6 +156,10 @@ def test_a_probe_says_which_level_it_measures(monkeypatch):
     monkeypatch.setattr(caches, "cache_levels", lambda: HUGE_L3)
     chosen = probe.RooflineProbe("cpu", working_set_bytes=4 * MiB, reads=1)
     assert chosen.level == LAST_LEVEL_CACHE and "fits in the L3 cache" in chosen.note
+    # its bandwidth is the roof of what fits in the cache, and only an upper bound beyond it
+    assert chosen.stand_in_note(100 * MiB) == ""
+    assert chosen.stand_in_note(600 * MiB) == chosen.note
+    assert past.stand_in_note(600 * MiB) == ""  # a probe of DRAM is DRAM's own roof
 
 
 def test_a_cache_buffer_that_streams_at_half_a_quarters_speed_is_called_dram(monkeypatch):

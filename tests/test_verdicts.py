@@ -216,6 +216,30 @@ def test_threads_that_waited_for_a_core_make_a_timed_verdict_disturbed(tmp_path,
     assert verdicts.verdict("2 + 2 = 4", timed=False) == "verdict: 2 + 2 = 4"
 
 
+def test_a_system_without_wait_counters_says_so_instead_of_reporting_no_waits(
+    tmp_path, monkeypatch
+):
+    from memwall.machine import cpu_wait, devices
+
+    (tmp_path / "1").mkdir()  # a thread without a schedstat file, as gVisor lays it out
+    span = cpu_wait.CpuWait(task_dir=tmp_path, root=tmp_path)
+    assert span.share() is None and verdicts.wait_problem(span) is None
+    assert not cpu_wait.waits_are_counted(tmp_path)
+    monkeypatch.setattr(devices, "waits_are_counted", lambda: False)
+    assert "does not count how long threads wait" in devices.describe("cpu")
+    monkeypatch.setattr(devices, "waits_are_counted", lambda: True)
+    assert "wait" not in devices.describe("cpu")
+
+
+def test_a_stand_in_roof_gives_no_verdict_and_says_a_rerun_would_not_help():
+    note = "DRAM could not be measured within the memory budget: the cache's bandwidth stands in"
+    assert verdicts.stand_in_problem("") is None
+    line = verdicts.verdict("decode is bound by its bytes", verdicts.stand_in_problem(note),
+                            "the steps' repeats spread 3x", timed=False)  # fmt: skip
+    assert line == verdicts.wrap(f"no verdict on this machine: {note}")
+    assert "quiet" not in line
+
+
 def test_a_speed_path_on_fewer_threads_makes_a_verdict_disturbed(tmp_path):
     from memwall.machine import cpu_wait
 

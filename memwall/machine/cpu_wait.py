@@ -13,7 +13,8 @@ A speed path that moves to fewer threads because another process holds a core
 
 `CpuWait()` starts a span; `share()` is the part of the time this process's threads wanted a CPU
 that they spent waiting for one, since the start or the last `restart()`. Standard library only;
-where the counters cannot be read (not Linux), the share is None.
+where the counters cannot be read (not Linux, or a sandboxed kernel without them), the share is
+None, and `waits_are_counted()` says so: a busy neighbour then shows only in the timings.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def note_fewer_threads(steps: int = 1) -> None:
 
 
 def _threads_ran_and_waited(task_dir: Path) -> dict[str, tuple[int, int]] | None:
-    """{thread id: (ns on a CPU, ns waiting in a run queue)} of this process; None off Linux."""
+    """{thread id: (ns on a CPU, ns waiting in a run queue)} of this process; None off Linux,
+    and where no thread's counters can be read (a sandboxed kernel such as gVisor has none)."""
     try:
         tids = os.listdir(task_dir)
     except OSError:
@@ -45,7 +47,12 @@ def _threads_ran_and_waited(task_dir: Path) -> dict[str, tuple[int, int]] | None
         except (OSError, ValueError):
             continue  # the thread ended between the listing and the read
         counts[tid] = (int(ran), int(waited))
-    return counts
+    return counts or None  # every thread vanished, or none has counters: nothing to compare
+
+
+def waits_are_counted(task_dir: str | Path = "/proc/self/task") -> bool:
+    """Whether this system tells a process how long its threads waited for a CPU."""
+    return _threads_ran_and_waited(Path(task_dir)) is not None
 
 
 def throttled_ns(root: str | Path = "/") -> int:

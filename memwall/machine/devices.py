@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from memwall.machine.cpu_wait import waits_are_counted
+
 ENVIRONMENT_VARIABLE = "MEMWALL_DEVICE"
 KINDS = ("cpu", "cuda", "mps")
 
@@ -38,8 +40,19 @@ def gpu_present() -> bool:
 
 
 def describe(device: str | None = None) -> str:
-    """One sentence saying which device the notebook measures, and what else is there."""
+    """One sentence saying which device the notebook measures, and what else is there; on a CPU
+    that cannot count its threads' waits, a second saying what the verdicts cannot see."""
     device = device or default_device()
+    text = _describe(device)
+    if device.startswith("cpu") and not waits_are_counted():
+        text += (
+            "\nThis system does not count how long threads wait for a CPU: another busy"
+            "\nprogram shows only in the timings' spread, and a verdict cannot name it."
+        )
+    return text
+
+
+def _describe(device: str) -> str:
     named = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if device.startswith("cpu"):
         if gpu_present():

@@ -64,6 +64,14 @@ class RooflineProbe:
         self.passes = 10 if on_gpu else 1
         self.samples: list[float] = []
 
+    def stand_in_note(self, nbytes: int) -> str:
+        """Why this probe's bandwidth only bounds a stream over `nbytes` from above ("" when it
+        is that stream's own roof): the probe measured the cache, and the stream comes from
+        DRAM (as `Measurement.roof_for` says of its roof)."""
+        if self.note and self.device.type != "cuda" and level_of(int(nbytes)) == DRAM:
+            return self.note
+        return ""
+
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
