@@ -19,7 +19,9 @@ and so an upper bound on tokens/s. Measured speeds land below it, never above. T
 FLOP accounting follows Pope et al., 2022 ("Efficiently Scaling Transformer Inference") and
 Kipply's "Transformer Inference Arithmetic".
 
-Pure arithmetic: no torch, so the book's calculators and widgets stay instant.
+Pure arithmetic: no torch, so the book's calculators and widgets stay instant. The static
+page's calculator repeats these formulas in JavaScript (`widgets/calculator_core.js`): a change
+here goes there too, and tests/test_calculator.py (which needs node) checks that both agree.
 """
 
 from __future__ import annotations

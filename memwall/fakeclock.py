@@ -219,12 +219,13 @@ def bench_spec(kind: str, **spec) -> dict:
 def build_case(case: dict) -> dict:
     """A case's keyword arguments with each bench spec built into a bench."""
     return {
-        key: build(value["bench"], value["spec"]) if _is_bench_spec(value) else value
+        key: build(value["bench"], value["spec"]) if is_bench_spec(value) else value
         for key, value in case.items()
     }
 
 
-def _is_bench_spec(value) -> bool:
+def is_bench_spec(value) -> bool:
+    """Whether a case's value is a bench's plain-data spec (built into a bench by `build_case`)."""
     return isinstance(value, dict) and set(value) == {"bench", "spec"}
 
 

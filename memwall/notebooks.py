@@ -136,12 +136,14 @@ def student_copy(path: Path, solution) -> tuple:
 def widget_curves(key, solution, student, notebook: str) -> dict:
     """Record the reference curves of a solution's widgets (widgets/recorded.py) and point the
     student copy's widget cells at them; relative path -> JSON text."""
+    from memwall.cli import require_extra
     from memwall.grading.answer_key import use_key
     from memwall.widgets.recorded import CURVES_DIR
     from memwall.widgets.recording import record_curves, student_widget_source
 
     if not any("key_module" in cell.source for cell in solution.cells):
         return {}
+    require_extra("engine", "`memwall notebooks` (it runs the solutions to record the widgets)")
     use_key(_key_or_found(key))
     curves = record_curves(solution)
     for cell in student.cells:

@@ -27,6 +27,16 @@ MEASURED = {
 SEEDS = range(40)
 
 
+def test_every_measured_check_is_listed_here():
+    """A measured check left out of MEASURED would skip the 40-seed tests below unnoticed."""
+    registered = set()
+    for key in (SOLUTIONS / "checks").glob("ch*.py"):
+        for call in re.findall(r"@register_cases\((.*?)\)\ndef ", key.read_text(), re.S):
+            if re.search(r"measured\s*=\s*True", call):
+                registered.add(re.match(r'\s*"([^"]+)"', call).group(1))
+    assert registered == set(MEASURED)
+
+
 def solution_function(notebook, name):
     """The function ``name`` as the solution notebook defines it (its exercise cell, run)."""
     source = (SOLUTIONS / f"{notebook}.md").read_text()

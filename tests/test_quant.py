@@ -270,6 +270,7 @@ def test_quantize_rejects_bad_input(tiny_engine):
         quantize(tiny_engine, "int4", group_size=48, inplace=False)  # d_model 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scheme,group_size,head,min_agreement",
     [("int8", 32, "same", 0.9), ("int4", 32, "int8", 0.95), ("int4", 64, "int8", 0.7)],
@@ -310,6 +311,7 @@ def test_quantized_smollm2_bytes_and_predictions(
     assert agreement >= min_agreement
 
 
+@pytest.mark.slow
 def test_group_128_does_not_fit_smollm2(smollm2_engine):
     with pytest.raises(ValueError, match="576"):
         quantize(smollm2_engine, "int4", group_size=128, inplace=False)

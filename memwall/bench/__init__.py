@@ -3,23 +3,27 @@
 - `harness`: warm-up, interleaved repeats, medians, a progress bar on terminals, device/dtype
   options, roofline fields and output formatting, shared by every benchmark.
 - `workload`: models by name (or "random:<spec>" for random weights) and prompts.
-- `probe`: the roofline measured with the work: `RooflineProbe` reads a buffer well above the
-  last-level cache right before each timed repeat; fractions come from adjacent (probe, work) pairs.
-- `decode`: `bench_decode(...) -> dict` and `memwall bench decode`.
+- `decode`, `batch`, `speculative`, `serve`: one benchmark each, a function that returns a dict
+  (`bench_decode(...)`) and its `memwall bench <name>` command; `load` and `interference` are
+  the request streams and the busy neighbours that `serve` and the chapters use.
 - `records`: `recorded(name)` loads benchmarks/results/<name>.json with a note saying whether it
   was recorded on a machine like this one; `save_record(result, name)` writes one, fingerprinted.
 
-Adding a benchmark (e.g. `memwall bench batch`)
------------------------------------------------
-Write `memwall/bench/batch.py` with a Python function that returns a dict, and
+The roofline is measured with the work by `memwall.machine.probe.RooflineProbe`: a read of a
+buffer past the last-level cache right before each timed repeat, each fraction taken from an
+adjacent (probe, work) pair.
+
+Adding a benchmark (say `memwall bench prefill`)
+------------------------------------------------
+Write `memwall/bench/prefill.py` with a Python function that returns a dict, and
 
     def add_cli(bench_subparsers):
-        parser = bench_subparsers.add_parser("batch", help="...")
+        parser = bench_subparsers.add_parser("prefill", help="...")
         parser.add_argument("--json", action="store_true")
         parser.set_defaults(run=run_cli)      # run_cli(args) -> exit code
 
-Use `harness.run_interleaved` for the timing and `harness.print_result` for the output. If the
-module name is listed in SUBCOMMANDS it is picked up.
+Use `harness.run_interleaved` for the timing and `harness.print_result` for the output, and list
+the module in SUBCOMMANDS.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import sys
 
 from memwall.bench.decode import bench_decode
 from memwall.bench.records import recorded, save_record
+from memwall.cli import COMMANDS
 
 __all__ = ["SUBCOMMANDS", "bench_decode", "recorded", "register_cli", "save_record"]
 
@@ -45,7 +50,7 @@ def register_cli(subparsers) -> None:
     """Add `memwall bench` and, under it, every benchmark in SUBCOMMANDS."""
     parser = subparsers.add_parser(
         "bench",
-        help="measure decode speed against transformers and the roofline",
+        help=COMMANDS["bench"].help,
         description="Benchmarks. `memwall bench <benchmark> --help` for options.",
     )
     benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")

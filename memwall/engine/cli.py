@@ -55,7 +55,8 @@ def run(args) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("the prompt is not valid UTF-8 text") from None
-    sampling = Sampling(args.temperature, args.top_p, args.seed)  # validates before the slow load
+    # validated here, before the slow load
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     hf_model, tokenizer = models.load(args.model)
     engine = shared_engine(hf_model)  # read straight into the engine: one copy at any moment
     del hf_model

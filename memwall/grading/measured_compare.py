@@ -1,4 +1,4 @@
-"""Shared pieces of the measured exercises' checks (chapters 3, 4, 6, 7 and 9).
+"""Shared pieces of the measured exercises' checks (chapters 3, 4, 6, 7, 8 and 9).
 
 Each measured check is three separable parts, so the grader can run them on its own side:
 (a) a case generator that draws plain data from the rng: keyword arguments, one of which is a
@@ -9,7 +9,7 @@ Only the student's call builds the bench (``memwall.fakeclock.build_case``). Und
 calls come back over the channel (``grading.channel.RemoteFunction``).
 """
 
-from memwall.fakeclock import build_case
+from memwall.fakeclock import build_case, is_bench_spec
 from memwall.grading.compare import difference, show
 
 
@@ -47,14 +47,10 @@ def call_student(student, case):
     return student(**built)
 
 
-def is_bench(value) -> bool:
-    return isinstance(value, dict) and set(value) == {"bench", "spec"}
-
-
 def describe(student, case) -> str:
     name = getattr(student, "__name__", "your function")
     shown = [
-        f"{key}=<bench>" if is_bench(value) else f"{key}={show(value)}"
+        f"{key}=<bench>" if is_bench_spec(value) else f"{key}={show(value)}"
         for key, value in case.items()
     ]
     return f"{name}({', '.join(shown)})"
@@ -63,7 +59,7 @@ def describe(student, case) -> str:
 def machine_note(case) -> str:
     """What makes this case's pretend machine hard to time, in words."""
     for value in case.values():
-        if is_bench(value):
+        if is_bench_spec(value):
             machine = value["spec"].get("machine", {})
             traits = [
                 ("noise", "noise"),
