@@ -22,6 +22,10 @@ READABLE = (
     "memwall.engine.kv_heads",
     "memwall.engine.kv_quant",
     "memwall.engine.sharing",
+    "memwall.engine.scheduler",
+    "memwall.engine.block_manager",
+    "memwall.engine.drafts",
+    "memwall.engine.sequence",
 )
 BACKENDS = ("memwall.engine.cpu", "memwall.engine.cuda", "memwall.engine.accelerate")
 
