@@ -58,7 +58,7 @@ def times_baseline(tok_per_s: float, baseline_tok_per_s: float) -> float:
     return tok_per_s / baseline_tok_per_s
 
 
-def verdict(
+def standing(
     tok_per_s: float, ceiling_tok_per_s: float, baseline_tok_per_s: float | None = None
 ) -> str:
     """One cell for a table of techniques: "0.33x baseline: slower" for a slowdown, else the
@@ -99,5 +99,5 @@ def technique_row(
         ),
         "slower": slower,
         "fraction_of_ceiling": None if slower else tok_per_s / roofs.ceiling,
-        "verdict": verdict(tok_per_s, roofs.ceiling, baseline_tok_per_s),
+        "verdict": standing(tok_per_s, roofs.ceiling, baseline_tok_per_s),
     }

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from memwall.ceilings import ceiling, technique_row, times_baseline, verdict
+from memwall.ceilings import ceiling, standing, technique_row, times_baseline
 
 
 def test_batch_8_on_a_cpu_is_compute_bound():
@@ -24,9 +24,9 @@ def test_batch_1_is_memory_bound_and_no_peak_means_memory_roof_alone():
 
 def test_a_slowdown_is_reported_as_one():
     assert times_baseline(20, 60) == pytest.approx(1 / 3)
-    assert verdict(20, 51, baseline_tok_per_s=60) == "0.33x baseline: slower"
-    assert verdict(90, 100, baseline_tok_per_s=60) == "1.50x baseline, 90% of ceiling"
-    assert verdict(45, 100) == "45% of ceiling"
+    assert standing(20, 51, baseline_tok_per_s=60) == "0.33x baseline: slower"
+    assert standing(90, 100, baseline_tok_per_s=60) == "1.50x baseline, 90% of ceiling"
+    assert standing(45, 100) == "45% of ceiling"
     row = technique_row("self-draft", 20, 538e6, 0.27e9, 75e9, 211e9, baseline_tok_per_s=60)
     assert row["slower"] and row["fraction_of_ceiling"] is None
     assert row["verdict"] == "0.33x baseline: slower"
