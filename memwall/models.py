@@ -17,6 +17,7 @@ from pathlib import Path
 
 from memwall._versions import require
 from memwall.machine.devices import default_device
+from memwall.machine.memory import check_fits
 from memwall.paths import cache_dir
 
 OFFLINE_MODEL = "smollm2-135m"
@@ -70,6 +71,11 @@ def load(name: str = OFFLINE_MODEL, dtype=None, device: str | None = None):
             f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)} "
             "(or any Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-360M-Instruct')."
         )
+    # A session that cannot hold the weights would kill the kernel without a word (Binder and
+    # Colab give 1-2 GB): say so first. The file's size is what loading it takes at least.
+    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+    check_fits(weights, device, f"loading {name}'s weights",
+               "close other notebooks or programs, or use a session with more memory")  # fmt: skip
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -7,6 +7,7 @@ import pytest
 import transformers
 
 from memwall import models
+from memwall.machine import memory
 
 MAJOR = transformers.__version__.split(".")[0]
 
@@ -64,3 +65,10 @@ def test_a_local_folder_is_loaded_not_sent_to_the_hub(tmp_path, monkeypatch):
     fake_conversion(tmp_path / "saved", "5.0.0")
     model, tokenizer = models.load(str(tmp_path / "saved"), device="cpu")
     assert model.folder == tokenizer.folder == str(tmp_path / "saved")
+    # weights larger than the memory left: a clear error before loading, not a killed kernel
+    (tmp_path / "saved" / "model.safetensors").write_bytes(b"\0" * 3000)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2000)
+    with pytest.raises(ValueError, match="weights needs .* GB and .* GB is free here; close"):
+        models.load(str(tmp_path / "saved"), device="cpu")
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 0)  # unknown: no check
+    assert models.load(str(tmp_path / "saved"), device="cpu")[0].folder

@@ -29,6 +29,7 @@ import torch
 
 from memwall.bench import harness, workload
 from memwall.machine import probe as roofline_probe
+from memwall.machine.memory import check_fits
 from memwall.validate import count
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -52,7 +53,7 @@ def cache_with_context(engine_model, batch: int, context: int, max_tokens: int, 
     the model's device (`generator` must live there too)."""
     needed = engine_model.new_cache(batch=1, max_tokens=1).nbytes * batch * max_tokens
     device = next(engine_model.parameters()).device
-    harness.check_fits(needed, device, f"a KV cache of {batch} x {max_tokens} tokens",
+    check_fits(needed, device, f"a KV cache of {batch} x {max_tokens} tokens",
                        "lower --batch or the context")  # fmt: skip
     cache = engine_model.new_cache(batch=batch, max_tokens=max_tokens)
     if context:

@@ -50,21 +50,6 @@ def resolve_device(device: str | None) -> str:
     return str(device)
 
 
-def check_fits(nbytes: int, device, what: str, advice: str) -> None:
-    """A ValueError, before anything is allocated, when `nbytes` for `what` exceed the memory
-    free on `device` (the GPU's, or what this process may still use on a CPU)."""
-    if torch.device(device).type == "cuda":
-        free = torch.cuda.mem_get_info(torch.device(device))[0]
-    else:
-        from memwall.machine.memory import available_memory_bytes
-
-        free = available_memory_bytes()
-    if nbytes > free:
-        raise ValueError(
-            f"{what} needs {nbytes / 1e9:.1f} GB and {free / 1e9:.1f} GB is free here; {advice}"
-        )
-
-
 def resolve_dtype(dtype: str | None, device: str) -> str:
     """A dtype name from DTYPES; default fp32 on CPU and, on a GPU, the 16-bit format it computes
     in natively (bf16, or fp16 on GPUs before compute capability 8.0, such as a T4).

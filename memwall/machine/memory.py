@@ -152,6 +152,22 @@ def buffer_budget_bytes(available: int | None = None) -> int:
     return max(budget // MiB, 1) * MiB
 
 
+def check_fits(nbytes: int, device, what: str, advice: str) -> None:
+    """A ValueError, before anything is allocated, when `nbytes` for `what` exceed the memory
+    free on `device` (the GPU's, or what this process may still use on a CPU); nothing where
+    that is unknown."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+    else:
+        free = available_memory_bytes()
+    if free and nbytes > free:
+        raise ValueError(
+            f"{what} needs {nbytes / 1e9:.1f} GB and {free / 1e9:.1f} GB is free here; {advice}"
+        )
+
+
 def peak_rss_bytes(children: bool = False) -> int:
     """The most resident memory this process has held so far (`children`: the largest peak of
     its finished, reaped child processes instead)."""

@@ -136,6 +136,7 @@ def run_serve(args):
     from memwall.bench import harness, workload
     from memwall.engine import shared_engine
     from memwall.engine.accelerate import accelerate
+    from memwall.machine.memory import check_fits
     from memwall.serving.server import start_server
     from memwall.serving.shutdown import serve_until_signalled
 
@@ -147,7 +148,7 @@ def run_serve(args):
     engine = shared_engine(hf_model)  # read into the engine: never two copies at once
     del hf_model  # the engine holds its own copy of the weights
     kv_bytes = args.kv_tokens * engine.new_cache(batch=1, max_tokens=1).nbytes
-    harness.check_fits(kv_bytes, device, f"a KV pool of {args.kv_tokens} tokens",
+    check_fits(kv_bytes, device, f"a KV pool of {args.kv_tokens} tokens",
                        "lower --kv-tokens")  # fmt: skip
     model = accelerate(engine) if args.fast == "on" else engine  # same weights either way
     if hasattr(model, "new_paged_cache"):  # the compiled path: compile before serving
