@@ -21,6 +21,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from memwall.grading.answer_key import KEY_IN_CHECKOUT
 from memwall.grading.cells import check_name, exercise_id
 from memwall.grading.student_copy import make_student_copy
 
@@ -121,7 +122,7 @@ def generated_notebooks(root: Path | str = ".") -> dict:
                 nb, data = student_copy(path, nb)
                 outputs.update(data)
             outputs[f"{target_folder}/{path.stem}.ipynb"] = nbformat.writes(nb) + "\n"
-    outputs.update(practice_data(root))
+    outputs.update(practice_data(root / KEY_IN_CHECKOUT))
     return outputs
 
 
@@ -162,13 +163,14 @@ def _key_or_found(key: Path):
     return key if (key / "__init__.py").is_file() else key_folder()
 
 
-def practice_data(root: Path) -> dict:
-    """Relative path -> JSON text: each chapter's practice cases with the key's answers, which
-    the student's check cells compare with (grading/expected.py). Data, never the key's code."""
-    from memwall.grading.answer_key import KEY_IN_CHECKOUT, use_key
+def practice_data(key: Path) -> dict:
+    """Relative path -> JSON text: each chapter's practice cases with the answers of the key in
+    `key` (else the one found from here), which the student's check cells compare with
+    (grading/expected.py). Data, never the key's code."""
+    from memwall.grading.answer_key import use_key
     from memwall.grading.expected import EXPECTED_DIR, record_chapter
 
-    key = _key_or_found(root / KEY_IN_CHECKOUT)
+    key = _key_or_found(Path(key))
     if key is None:
         return {}
     use_key(key)

@@ -111,6 +111,16 @@ def test_sync_writes_then_reports_in_sync_then_spots_an_edit(tmp_path):
     assert not (exercises / "99_gone.ipynb").exists()
 
 
+def test_sync_checks_the_practice_cases_the_student_copies_read(tmp_path, monkeypatch):
+    from memwall.grading import sync
+
+    # practice cases the key would now record differently (a check was changed)
+    stale = {"memwall/grading/expected/ch04.json": "{}\n"}
+    monkeypatch.setattr(sync, "practice_data", lambda key: stale)
+    (problem,) = sync_exercises(tmp_path / "none", tmp_path / "exercises", check=True)
+    assert problem.endswith("memwall/grading/expected/ch04.json: out of date")
+
+
 def test_signature_ignores_outputs():
     nb = solution()
     before = notebook_signature(nb)

@@ -11,7 +11,7 @@ import nbformat
 
 from memwall.grading.cells import METADATA_KEY
 from memwall.grading.student_copy import cell_source
-from memwall.notebooks import read_source, student_copy
+from memwall.notebooks import practice_data, read_source, student_copy
 
 
 def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=False) -> list:
@@ -37,6 +37,8 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
         if not check:
             exercises_dir.mkdir(parents=True, exist_ok=True)
             target.write_text(nbformat.writes(expected) + "\n")  # as `memwall notebooks` writes it
+    # the practice cases the student copies' check cells compare with
+    out_of_sync += write_data(practice_data(solutions_dir / "checks"), check)
     solution_names = {path.stem for path in solution_paths}
     for stale in sorted(exercises_dir.glob("*.ipynb")):
         if stale.stem not in solution_names:
@@ -47,7 +49,8 @@ def sync_exercises(solutions_dir="solutions", exercises_dir="exercises", check=F
 
 
 def write_data(data: dict, check: bool) -> list:
-    """Write the data files a student copy reads (recorded curves) into the package."""
+    """Write the data files a student copy reads (recorded curves, practice cases) into the
+    package."""
     package_root = Path(__file__).resolve().parents[2]
     changed = []
     for relative, text in data.items():
