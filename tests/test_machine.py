@@ -183,6 +183,7 @@ def test_a_cache_buffer_that_streams_at_half_a_quarters_speed_is_called_dram(mon
     assert measured == [128 * MiB] and spilled.working_set_bytes == 128 * MiB
     assert spilled.level == "DRAM" and CACHE_NOTE not in spilled.note
     assert "480 MiB" in spilled.note and "20.0 GB/s against 44.0 GB/s" in spilled.note
+    assert spilled.stand_in_note(600 * MiB) == ""  # its note says why it is DRAM's own roof
     # the half still read fast: the cache ends between 64 and 128 MiB, taken as the middle
     assert caches.usable_levels()[-1].size_bytes == 96 * MiB
     monkeypatch.setattr(caches, "_usable_share", 0)

@@ -68,7 +68,7 @@ class RooflineProbe:
         """Why this probe's bandwidth only bounds a stream over `nbytes` from above ("" when it
         is that stream's own roof): the probe measured the cache, and the stream comes from
         DRAM (as `Measurement.roof_for` says of its roof)."""
-        if self.note and self.device.type != "cuda" and level_of(int(nbytes)) == DRAM:
+        if self.level != DRAM and self.device.type != "cuda" and level_of(int(nbytes)) == DRAM:
             return self.note
         return ""
 
